@@ -1,0 +1,60 @@
+"""`zero-kit` command line. Each subcommand lives in `zero_kit.commands.<name>` with two functions,
+`add_arguments(parser)` and `run(args) -> int`; heavy imports (torch, deepspeed) happen inside `run`
+so that quick commands stay quick. Only this edge prints user errors and picks exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from zero_kit import __version__
+from zero_kit.errors import UserError
+
+COMMANDS = {
+    "config": "write a DeepSpeed JSON config for ZeRO stage 0-3 (offload, precision, batch, buckets)",
+    "validate": "lint DeepSpeed JSON configs before launch: every problem with key path, value and fix",
+    "plan": "which ZeRO stage / offload / FSDP2 fits a model on given GPUs, and which is fastest",
+    "train": "fine-tune a LLaMA-style model with the HF Trainer and DeepSpeed (full or LoRA)",
+    "export": "ZeRO checkpoint -> plain Hugging Face safetensors directory (or LoRA adapter)",
+    "bench": "compare DDP, FSDP2 and ZeRO-0..3 with real launches: tokens/s, memory, bytes, loss parity",
+    "launch": "write the launch command, hostfile or SLURM sbatch script for multi-node runs",
+}
+
+
+def _command_module(name: str):
+    return importlib.import_module(f"zero_kit.commands.{name}")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; with `only`, just that subcommand's arguments are registered (keeps start-up fast)."""
+    parser = argparse.ArgumentParser(prog="zero-kit", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"zero-kit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, summary in COMMANDS.items():
+        p = sub.add_parser(name, help=summary, description=summary)
+        if only in (None, name):
+            _command_module(name).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    only = argv[0] if argv and argv[0] in COMMANDS else None
+    parser = build_parser(only)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(_command_module(args.command).run(args) or 0)
+    except UserError as err:
+        print(f"zero-kit {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"zero-kit {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Dataclass fields as command-line options: one source of truth per option.
+
+Each option is a dataclass field with a docstring right under it (torchtitan's `job_config.py`
+style). `add_dataclass_arguments` turns those fields into argparse flags whose `--help` text is
+that docstring, so CLI, JSON and docs come from the same place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import types
+import typing
+from functools import cache
+
+
+@cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings (the string literal right under a field) of a dataclass, by field name."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        tree = ast.parse(inspect.getsource(klass))
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for node, nxt in zip(body, body[1:]):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _base_type(annotation: typing.Any) -> typing.Any:
+    """`int | None` -> int; `Literal[...]` stays."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args[0] if len(args) == 1 else str
+    return annotation
+
+
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
+    """Add one `--flag-name` per field of `cls`; defaults are the dataclass defaults."""
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip or not f.init:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        help_text = docs.get(f.name, "")
+        kind = _base_type(hints[f.name])
+        if kind is bool:
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        elif typing.get_origin(kind) is typing.Literal:
+            choices = typing.get_args(kind)
+            parser.add_argument(flag, dest=f.name, choices=choices, type=type(choices[0]), default=default, help=help_text)
+        else:
+            parser.add_argument(flag, dest=f.name, type=kind, default=default, metavar=f.name.upper(), help=help_text)
+
+
+def dataclass_from_args(cls: type, args: argparse.Namespace, **overrides: typing.Any):
+    """Build `cls` from the parsed flags that match its fields (plus explicit overrides)."""
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    values = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    values.update(overrides)
+    return cls(**values)

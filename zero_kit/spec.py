@@ -1,0 +1,48 @@
+"""User-facing options for a DeepSpeed ZeRO config. One field per option; the docstring under a
+field is its `--help` text (see `zero_kit.options`). Pure data: no torch, no deepspeed, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Offload = Literal["none", "cpu", "nvme"]
+Precision = Literal["bf16", "fp16", "fp32"]
+
+
+@dataclass(frozen=True)
+class ZeroSpec:
+    stage: Literal[0, 1, 2, 3] = 2
+    """ZeRO stage: 0 plain data parallel, 1 shards optimizer state, 2 also gradients, 3 also parameters."""
+    offload_optimizer: Offload = "none"
+    """Where optimizer state lives: cpu (stage >= 1) or nvme (stage 3 only) frees GPU memory at the cost of speed."""
+    offload_param: Offload = "none"
+    """Where parameters live between uses: cpu or nvme (stage 3 only)."""
+    nvme_path: str | None = None
+    """Directory on a fast local NVMe drive for NVMe offload (required with nvme)."""
+    pin_memory: bool = True
+    """Pin (page-lock) host buffers used by offload: faster copies, but counts against host RAM."""
+    precision: Precision = "bf16"
+    """Training precision: bf16 (Ampere and newer), fp16 (with dynamic loss scaling) or fp32."""
+    micro_batch: int | None = None
+    """Micro batch per GPU (train_micro_batch_size_per_gpu)."""
+    grad_accum: int | None = None
+    """Gradient accumulation steps (gradient_accumulation_steps)."""
+    global_batch: int | None = None
+    """Global batch (train_batch_size) = micro batch x grad accum x world size; give any two of the three."""
+    world_size: int | None = None
+    """Number of data-parallel ranks (GPUs in all). Default: nodes x gpus-per-node, else 1."""
+    nodes: int | None = None
+    """Number of nodes (with --gpus-per-node, instead of --world-size)."""
+    gpus_per_node: int | None = None
+    """GPUs per node (with --nodes, instead of --world-size)."""
+    hidden_size: int | None = None
+    """Model hidden size h, for bucket sizes (reduce h^2, prefetch 0.9 h^2, persistence 10 h). Read from --model DIR if given."""
+    hf_auto: bool = False
+    """Write "auto" for every value the Hugging Face Trainer fills itself (batch sizes, lr, precision, buckets)."""
+    lr: float = 2e-5
+    """Learning rate of the AdamW optimizer written into the config (not used with --hf-auto)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay written into the config (not used with --hf-auto)."""
+    gradient_clipping: float = 1.0
+    """Clip gradients to this global norm (0 disables)."""
