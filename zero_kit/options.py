@@ -25,7 +25,7 @@ def field_docs(cls: type) -> dict[str, str]:
             continue
         tree = ast.parse(inspect.getsource(klass))
         body = tree.body[0].body  # type: ignore[attr-defined]
-        for node, nxt in zip(body, body[1:]):
+        for node, nxt in zip(body, body[1:], strict=False):
             if (
                 isinstance(node, ast.AnnAssign)
                 and isinstance(node.target, ast.Name)
@@ -55,12 +55,18 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, *, skip:
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else None
         help_text = docs.get(f.name, "")
+        if default not in (None, False):
+            help_text += f" (default: {default})"
         kind = _base_type(hints[f.name])
         if kind is bool:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+            parser.add_argument(
+                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_text
+            )
         elif typing.get_origin(kind) is typing.Literal:
             choices = typing.get_args(kind)
-            parser.add_argument(flag, dest=f.name, choices=choices, type=type(choices[0]), default=default, help=help_text)
+            parser.add_argument(
+                flag, dest=f.name, choices=choices, type=type(choices[0]), default=default, help=help_text
+            )
         else:
             parser.add_argument(flag, dest=f.name, type=kind, default=default, metavar=f.name.upper(), help=help_text)
 

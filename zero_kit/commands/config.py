@@ -1,0 +1,90 @@
+"""`zero-kit config`: write a DeepSpeed JSON for ZeRO stage 0-3. Quick: imports neither torch nor deepspeed."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from zero_kit.ds_config import accelerate_yaml, build_ds_config, dumps, resolve_world_size
+from zero_kit.errors import UserError
+from zero_kit.options import add_dataclass_arguments, dataclass_from_args
+from zero_kit.spec import ZeroSpec
+
+HIDDEN_SIZE_KEYS = ("hidden_size", "n_embd", "d_model")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_dataclass_arguments(parser, ZeroSpec)
+    parser.add_argument(
+        "--model", metavar="DIR", help="local Hugging Face model directory: hidden size from its config.json"
+    )
+    parser.add_argument(
+        "--accelerate-yaml",
+        metavar="FILE",
+        help="also write an `accelerate launch --config_file` YAML pointing at the JSON (needs -o; batch sizes are"
+        " written as numbers, since accelerate cannot fill them)",
+    )
+    parser.add_argument("-o", "--output", metavar="FILE", help="write the JSON here instead of stdout")
+
+
+def hidden_size_from_model_dir(model_dir: str) -> int:
+    """The hidden size in `model_dir/config.json`, with errors that name the file."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise UserError(
+            f"--model {model_dir}: no config.json in that directory", "point --model at a Hugging Face model dir"
+        )
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{path}: cannot read it as JSON ({err})", "fix or replace the model's config.json") from None
+    config = config.get("text_config", config) if isinstance(config, dict) else config
+    for key in HIDDEN_SIZE_KEYS:
+        value = config.get(key) if isinstance(config, dict) else None
+        if isinstance(value, int) and value > 0:
+            return value
+    raise UserError(f"{path}: no positive integer {' / '.join(HIDDEN_SIZE_KEYS)}", "pass --hidden-size H instead")
+
+
+def spec_from_args(args: argparse.Namespace) -> ZeroSpec:
+    if args.model and args.hidden_size is not None:
+        raise UserError("--model and --hidden-size both given", "give one: the hidden size is read from --model")
+    spec = dataclass_from_args(ZeroSpec, args)
+    if args.model:
+        spec = dataclasses.replace(spec, hidden_size=hidden_size_from_model_dir(args.model))
+    if args.accelerate_yaml:
+        if not args.output:
+            raise UserError(
+                "--accelerate-yaml needs -o FILE", "the YAML points at the JSON file, so write the JSON too"
+            )
+        # accelerate fills batch sizes for one process only (see shared/recipes): pin them to numbers.
+        world = resolve_world_size(spec.world_size, spec.nodes, spec.gpus_per_node)
+        spec = dataclasses.replace(
+            spec, world_size=world, nodes=None, gpus_per_node=None, micro_batch=spec.micro_batch or 1
+        )
+    return spec
+
+
+def _write(path: str, text: str, flag: str) -> None:
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise UserError(f"{flag} {path}: cannot write ({err.strerror})", "choose a writable path") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args)
+    text = dumps(build_ds_config(spec))
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    _write(args.output, text, "-o")
+    if args.accelerate_yaml:
+        nodes = args.nodes or 1
+        yaml = accelerate_yaml(str(Path(args.output).resolve()), spec.world_size, nodes, zero3_init=spec.stage == 3)
+        _write(args.accelerate_yaml, yaml, "--accelerate-yaml")
+    return 0

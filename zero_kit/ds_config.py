@@ -1,0 +1,260 @@
+"""`build_ds_config(spec) -> dict`: the DeepSpeed JSON for a `ZeroSpec`. Pure: no I/O, no env, no torch.
+
+One place for each derived fact: batch arithmetic in `resolve_batch`, bucket sizes in `bucket_sizes`,
+the world size in `resolve_world_size`. The CLI edge reads files and the environment and passes values in.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from zero_kit.errors import BatchSizeError, UserError
+from zero_kit.spec import ZeroSpec
+
+AUTO = "auto"
+
+# Mixed-precision loss scaling for fp16: dynamic scale starting at 2**16, halved on overflow after
+# `hysteresis` overflows, doubled after `loss_scale_window` clean steps (DeepSpeed's documented defaults,
+# written out so the JSON says what runs).
+FP16_LOSS_SCALING = {
+    "loss_scale": 0,
+    "initial_scale_power": 16,
+    "loss_scale_window": 1000,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+}
+
+
+@dataclass(frozen=True)
+class Batch:
+    micro_batch: int
+    grad_accum: int
+    global_batch: int
+    world_size: int
+
+
+def resolve_world_size(world_size: int | None, nodes: int | None, gpus_per_node: int | None) -> int:
+    """World size from --world-size, or --nodes x --gpus-per-node (either alone counts as 1 for the other)."""
+    if world_size is not None and (nodes is not None or gpus_per_node is not None):
+        product = (nodes or 1) * (gpus_per_node or 1)
+        if product != world_size:
+            raise UserError(
+                f"--world-size {world_size} disagrees with --nodes {nodes or 1} x --gpus-per-node {gpus_per_node or 1}"
+                f" = {product}",
+                "give either --world-size or --nodes/--gpus-per-node",
+            )
+    if world_size is None:
+        world_size = (nodes or 1) * (gpus_per_node or 1)
+    if world_size < 1:
+        raise UserError(f"world size must be at least 1, got {world_size}", "pass --world-size N with N >= 1")
+    return world_size
+
+
+def _divisors_near(value: int, step: int) -> str:
+    lower = (value // step) * step
+    candidates = [c for c in (lower, lower + step) if c > 0]
+    return " or ".join(str(c) for c in candidates)
+
+
+def resolve_batch(micro_batch: int | None, grad_accum: int | None, global_batch: int | None, world_size: int) -> Batch:
+    """global = micro x accum x world. Any two of the three (plus world) give the third; one alone takes
+    the other free value as 1; none gives micro 1, accum 1. Impossible combinations are refused with numbers."""
+    for flag, value in (("--micro-batch", micro_batch), ("--grad-accum", grad_accum), ("--global-batch", global_batch)):
+        if value is not None and value < 1:
+            raise BatchSizeError(f"{flag} must be a positive integer, got {value}", f"pass {flag} 1 or more")
+    if global_batch is None:
+        micro, accum = micro_batch or 1, grad_accum or 1
+        return Batch(micro, accum, micro * accum * world_size, world_size)
+    if micro_batch is not None and grad_accum is not None:
+        expected = micro_batch * grad_accum * world_size
+        if expected != global_batch:
+            raise BatchSizeError(
+                f"global batch {global_batch} != micro batch {micro_batch} x grad accum {grad_accum}"
+                f" x world size {world_size} = {expected}",
+                f"set --global-batch {expected}, or leave one of the three out and it is derived",
+            )
+        return Batch(micro_batch, grad_accum, global_batch, world_size)
+    known = micro_batch if micro_batch is not None else grad_accum if grad_accum is not None else 1
+    step = known * world_size
+    if global_batch % step:
+        what = (
+            f"micro batch {micro_batch}"
+            if micro_batch is not None
+            else f"grad accum {grad_accum}"
+            if grad_accum is not None
+            else "micro batch 1 x grad accum 1"
+        )
+        raise BatchSizeError(
+            f"global batch {global_batch} is not divisible by {what} x world size {world_size} = {step}",
+            f"use --global-batch {_divisors_near(global_batch, step)}",
+        )
+    other = global_batch // step
+    if micro_batch is not None:
+        return Batch(micro_batch, other, global_batch, world_size)
+    if grad_accum is not None:
+        return Batch(other, grad_accum, global_batch, world_size)
+    return Batch(other, 1, global_batch, world_size)
+
+
+def bucket_sizes(hidden_size: int) -> dict[str, int]:
+    """Communication buckets from the hidden size h, as the HF Trainer resolves "auto":
+    reduce h^2, ZeRO-3 prefetch 0.9 h^2, parameters under 10 h stay unpartitioned (persistent)."""
+    if hidden_size < 1:
+        raise UserError(f"hidden size must be positive, got {hidden_size}", "pass --hidden-size H or --model DIR")
+    return {
+        "reduce_bucket_size": hidden_size * hidden_size,
+        "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
+        "stage3_param_persistence_threshold": 10 * hidden_size,
+    }
+
+
+def check_spec(spec: ZeroSpec) -> None:
+    """Refuse option combinations DeepSpeed would reject or silently ignore, naming the flags."""
+    if spec.stage not in (0, 1, 2, 3):
+        raise UserError(f"--stage must be 0, 1, 2 or 3, got {spec.stage}", "pick a ZeRO stage from 0 to 3")
+    if spec.offload_param != "none" and spec.stage != 3:
+        raise UserError(
+            f"--offload-param {spec.offload_param} needs --stage 3 (got --stage {spec.stage}): only ZeRO-3 partitions"
+            " parameters",
+            "use --stage 3, or drop --offload-param",
+        )
+    if spec.offload_optimizer != "none" and spec.stage == 0:
+        raise UserError(
+            f"--offload-optimizer {spec.offload_optimizer} needs --stage 1 or more (got --stage 0)",
+            "use --stage 1, 2 or 3, or drop --offload-optimizer",
+        )
+    if spec.offload_optimizer == "nvme" and spec.stage != 3:
+        raise UserError(
+            f"--offload-optimizer nvme needs --stage 3 (got --stage {spec.stage}); stages 1-2 offload to cpu only",
+            "use --stage 3, or --offload-optimizer cpu",
+        )
+    uses_nvme = "nvme" in (spec.offload_optimizer, spec.offload_param)
+    if uses_nvme and not spec.nvme_path:
+        raise UserError("NVMe offload needs --nvme-path DIR", "pass --nvme-path pointing at a local NVMe directory")
+    if spec.nvme_path and not uses_nvme:
+        raise UserError(
+            "--nvme-path is only used with --offload-optimizer nvme or --offload-param nvme",
+            "drop --nvme-path, or choose nvme offload",
+        )
+
+
+def _offload(device: str, spec: ZeroSpec) -> dict[str, Any]:
+    section: dict[str, Any] = {"device": device, "pin_memory": spec.pin_memory}
+    if device == "nvme":
+        section["nvme_path"] = spec.nvme_path
+    return section
+
+
+def _zero_section(spec: ZeroSpec) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage": spec.stage}
+    if spec.stage == 0:
+        return zero
+    buckets = {key: AUTO for key in bucket_sizes(1)} if spec.hf_auto else None
+    if buckets is None and spec.hidden_size is not None:
+        buckets = bucket_sizes(spec.hidden_size)
+    zero["overlap_comm"] = True
+    zero["contiguous_gradients"] = True
+    if buckets is not None:
+        zero["reduce_bucket_size"] = buckets["reduce_bucket_size"]
+    if spec.stage in (1, 2):
+        zero["allgather_partitions"] = True
+        zero["reduce_scatter"] = True
+    if spec.stage == 3:
+        if buckets is not None:
+            zero["stage3_prefetch_bucket_size"] = buckets["stage3_prefetch_bucket_size"]
+            zero["stage3_param_persistence_threshold"] = buckets["stage3_param_persistence_threshold"]
+        zero["stage3_max_live_parameters"] = 1_000_000_000
+        zero["stage3_max_reuse_distance"] = 1_000_000_000
+        zero["sub_group_size"] = 1_000_000_000
+        # Without this, a ZeRO-3 save through the HF Trainer writes empty (0-element) weight tensors.
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    if spec.offload_optimizer != "none":
+        zero["offload_optimizer"] = _offload(spec.offload_optimizer, spec)
+    if spec.offload_param != "none":
+        zero["offload_param"] = _offload(spec.offload_param, spec)
+    return zero
+
+
+def _precision_sections(spec: ZeroSpec) -> dict[str, Any]:
+    if spec.hf_auto:
+        # The Trainer sets these from --bf16/--fp16 so the JSON and the TrainingArguments never disagree.
+        return {"bf16": {"enabled": AUTO}, "fp16": {"enabled": AUTO, **FP16_LOSS_SCALING}}
+    return {
+        "bf16": {"enabled": spec.precision == "bf16"},
+        "fp16": {"enabled": spec.precision == "fp16", **(FP16_LOSS_SCALING if spec.precision == "fp16" else {})},
+    }
+
+
+def _optimizer_section(spec: ZeroSpec) -> dict[str, Any]:
+    if spec.hf_auto:
+        params: dict[str, Any] = {"lr": AUTO, "betas": AUTO, "eps": AUTO, "weight_decay": AUTO}
+    else:
+        params = {"lr": spec.lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": spec.weight_decay}
+    return {"type": "AdamW", "params": params}
+
+
+def _batch_section(spec: ZeroSpec) -> dict[str, Any]:
+    """The batch triple. Portable (micro + accum only, DeepSpeed derives the global batch at launch) when no
+    world size is given; all three when it is; "auto" in HF mode unless a batch flag pins a number."""
+    world_known = any(v is not None for v in (spec.world_size, spec.nodes, spec.gpus_per_node))
+    batch_given = any(v is not None for v in (spec.micro_batch, spec.grad_accum, spec.global_batch))
+    if spec.hf_auto and not batch_given and not world_known:
+        return {
+            key: AUTO for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+        }
+    if not world_known:
+        if spec.global_batch is not None:
+            raise BatchSizeError(
+                f"--global-batch {spec.global_batch} needs the world size to split it into micro batch x grad accum",
+                "pass --world-size N (or --nodes and --gpus-per-node), or give --micro-batch and --grad-accum instead",
+            )
+        return {
+            "train_micro_batch_size_per_gpu": spec.micro_batch or 1,
+            "gradient_accumulation_steps": spec.grad_accum or 1,
+        }
+    world_size = resolve_world_size(spec.world_size, spec.nodes, spec.gpus_per_node)
+    batch = resolve_batch(spec.micro_batch, spec.grad_accum, spec.global_batch, world_size)
+    return {
+        "train_batch_size": batch.global_batch,
+        "train_micro_batch_size_per_gpu": batch.micro_batch,
+        "gradient_accumulation_steps": batch.grad_accum,
+    }
+
+
+def build_ds_config(spec: ZeroSpec) -> dict[str, Any]:
+    """The DeepSpeed config for `spec`. Raises UserError / BatchSizeError for impossible combinations."""
+    check_spec(spec)
+    config: dict[str, Any] = _batch_section(spec)
+    config["gradient_clipping"] = AUTO if spec.hf_auto else spec.gradient_clipping
+    config.update(_precision_sections(spec))
+    config["optimizer"] = _optimizer_section(spec)
+    config["zero_optimization"] = _zero_section(spec)
+    config["steps_per_print"] = 100
+    config["wall_clock_breakdown"] = False
+    return config
+
+
+def dumps(config: dict[str, Any]) -> str:
+    """Deterministic JSON text: sorted keys, two-space indent, trailing newline."""
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
+def accelerate_yaml(config_path: str, world_size: int, nodes: int = 1, zero3_init: bool = False) -> str:
+    """An `accelerate launch --config_file` YAML that hands the DeepSpeed JSON to accelerate unchanged.
+    The JSON must hold concrete batch sizes: accelerate on its own fills them for one process."""
+    lines = [
+        "compute_environment: LOCAL_MACHINE",
+        "distributed_type: DEEPSPEED",
+        "deepspeed_config:",
+        f"  deepspeed_config_file: {json.dumps(config_path)}",
+        f"  zero3_init_flag: {'true' if zero3_init else 'false'}",
+        f"num_machines: {nodes}",
+        f"num_processes: {world_size}",
+        "machine_rank: 0",
+        "main_training_function: main",
+        "rdzv_backend: static",
+        "same_network: true",
+    ]
+    return "\n".join(lines) + "\n"
