@@ -1,17 +1,35 @@
-"""LLaMA-style models: the embedded tiny default (built from a config, nothing downloaded) and local HF checkpoints."""
+"""LLaMA-style models: the embedded tiny default (built from a config, nothing downloaded) and local HF checkpoints.
+
+    tokenizer = load_tokenizer(None)          # the tokenizer shipped in zero_kit/assets/tokenizer
+    model = load_model(None, seed=0)          # tiny LlamaForCausalLM, ~3M parameters, same weights for a seed
+
+With a transformers `HfDeepSpeedConfig` for ZeRO-3 alive (created by the caller, e.g. zero_kit.train),
+`from_config` / `from_pretrained` build the model inside `deepspeed.zero.Init`, so each rank allocates only
+its partition of every parameter (`p.ds_numel` is the full size, `p.numel()` the local one).
+"""
 
 from __future__ import annotations
 
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+from zero_kit.errors import UserError
+
 TINY_DEFAULTS = dict(
-    hidden_size=64,
-    intermediate_size=176,
-    num_hidden_layers=4,
-    num_attention_heads=4,
+    hidden_size=192,
+    intermediate_size=512,
+    num_hidden_layers=6,
+    num_attention_heads=6,
     num_key_value_heads=2,
     max_position_embeddings=512,
     rms_norm_eps=1e-5,
     tie_word_embeddings=False,
 )
+LLAMA_STYLE_TYPES = ("llama", "mistral", "qwen2")
+ASSET_TOKENIZER = Path(__file__).resolve().parent / "assets" / "tokenizer"
+# Everything transformers raises for a directory it cannot read (missing/corrupt files, bad JSON, unknown class).
+_LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, json.JSONDecodeError)
 
 
 def tiny_llama_config(vocab_size: int = 2048, **overrides):
@@ -19,3 +37,108 @@ def tiny_llama_config(vocab_size: int = 2048, **overrides):
     from transformers import LlamaConfig
 
     return LlamaConfig(vocab_size=vocab_size, **{**TINY_DEFAULTS, **overrides})
+
+
+def _check_model_dir(model_dir: str) -> Path:
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise UserError(f"--model {model_dir}: no such directory", "pass a local Hugging Face model directory")
+    if not (path / "config.json").is_file():
+        raise UserError(
+            f"--model {model_dir}: no config.json, so not a Hugging Face model directory",
+            "pass the directory written by save_pretrained (config.json, safetensors, tokenizer files)",
+        )
+    return path
+
+
+def load_tokenizer(model_dir: str | None = None):
+    """The tokenizer of model_dir (or the embedded one when None), with a pad token guaranteed."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if model_dir is None:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(ASSET_TOKENIZER))
+    else:
+        _check_model_dir(model_dir)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        except _LOAD_ERRORS as err:
+            raise UserError(
+                f"--model {model_dir}: cannot load a tokenizer ({type(err).__name__}: {err})",
+                "save the tokenizer into the model directory (tokenizer.save_pretrained(DIR))",
+            ) from None
+    if tokenizer.pad_token is None:
+        # Padding positions never reach the loss (labels -100, attention 0), so reusing eos/unk is safe.
+        fallback = tokenizer.eos_token or tokenizer.unk_token
+        if fallback is None:
+            raise UserError(f"--model {model_dir}: tokenizer has no pad, eos or unk token", "add a pad token to it")
+        tokenizer.pad_token = fallback
+    return tokenizer
+
+
+def build_config(model_dir: str | None = None, **overrides):
+    """The tiny LlamaConfig sized to the embedded tokenizer (None), or model_dir's config, checked LLaMA-style."""
+    if model_dir is None:
+        tokenizer = load_tokenizer(None)
+        ids = dict(
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        return tiny_llama_config(vocab_size=len(tokenizer), **{**ids, **overrides})
+    from transformers import AutoConfig
+
+    _check_model_dir(model_dir)
+    try:
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    except _LOAD_ERRORS as err:
+        raise UserError(
+            f"--model {model_dir}: cannot read config.json ({type(err).__name__}: {err})", "fix or re-save config.json"
+        ) from None
+    if config.model_type not in LLAMA_STYLE_TYPES:
+        raise UserError(
+            f"--model {model_dir}: model_type {config.model_type!r} is not a LLaMA-style causal LM",
+            f"use a checkpoint with model_type in {list(LLAMA_STYLE_TYPES)}",
+        )
+    for name, value in overrides.items():
+        setattr(config, name, value)
+    return config
+
+
+@contextmanager
+def _seeded(seed: int):
+    """Seed model init without disturbing the caller's global RNG streams."""
+    import torch
+
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def load_model(model_dir: str | None = None, *, dtype=None, seed: int = 0):
+    """The causal LM: the tiny default from its config (fp32 unless dtype), or from_pretrained(model_dir).
+
+    For a directory, dtype None keeps the dtype the checkpoint was saved in.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = build_config(model_dir)
+    with _seeded(seed):
+        if model_dir is None:
+            return AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+        try:
+            return AutoModelForCausalLM.from_pretrained(
+                model_dir, config=config, local_files_only=True, dtype=dtype or "auto"
+            )
+        except _LOAD_ERRORS as err:
+            raise UserError(
+                f"--model {model_dir}: cannot load the weights ({type(err).__name__}: {err})",
+                "check that the safetensors/bin files are complete (save_pretrained writes them)",
+            ) from None
+
+
+def count_parameters(model) -> int:
+    """Total parameters, counting ZeRO-3 partitioned ones at full size and tied weights once."""
+    unique = {id(p): p for p in model.parameters()}
+    return sum(int(getattr(p, "ds_numel", p.numel())) for p in unique.values())

@@ -1,0 +1,199 @@
+"""Reading training rows from JSONL / JSON / CSV / Parquet files and `datasets.save_to_disk` directories.
+
+JSON and JSONL are parsed with the standard library, line by line, so an error names the exact line and a
+row with a wrong type stays one bad row (pyarrow's JSON reader would fail the whole file on the first type
+change). CSV, Parquet and saved directories go through pandas/pyarrow into a `datasets.Dataset`. Any file
+that cannot be read becomes a `UserError` naming the file (and the line where one is known).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zero_kit.errors import UserError
+
+SUFFIXES = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+SUPPORTED = "JSONL, JSON, CSV, Parquet files or a datasets.save_to_disk directory"
+
+
+@dataclass
+class RowSource:
+    """The rows of one file, with enough bookkeeping to point at a row in an error message."""
+
+    path: str
+    kind: str
+    rows: Sequence[Any]
+    columns: list[str]
+    lines: list[int] | None = None
+
+    def where(self, index: int) -> str:
+        line = f" (line {self.lines[index]})" if self.lines else ""
+        return f"{self.path}: row {index + 1}{line}"
+
+
+@dataclass
+class Rows:
+    """Rows from one or more files in one format; iterate to get (source, index, row)."""
+
+    sources: list[RowSource]
+    fmt: str = ""
+    _count: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self._count = sum(len(source.rows) for source in self.sources)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[tuple[RowSource, int, Any]]:
+        for source in self.sources:
+            for index, row in enumerate(source.rows):
+                yield source, index, row
+
+
+def _decode(path: str, data: bytes) -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise UserError(
+            f"{path}: line {line}: not valid UTF-8 (byte offset {err.start})", "save the file as UTF-8"
+        ) from None
+
+
+def _json_value(path: str, text: str, line: int | None) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        at = f"line {line}" if line else f"line {err.lineno}"
+        raise UserError(
+            f"{path}: {at}: not valid JSON ({err.msg}, column {err.colno})",
+            "fix or remove that line; a JSONL file holds one complete JSON object per line",
+        ) from None
+    except (ValueError, RecursionError) as err:  # huge integers, absurd nesting
+        where = f"line {line}: " if line else ""
+        raise UserError(f"{path}: {where}JSON that cannot be read ({type(err).__name__})", "fix the value") from None
+
+
+def _columns(rows: Sequence[Any]) -> list[str]:
+    names: dict[str, None] = {}
+    for row in rows:
+        if isinstance(row, dict):
+            names.update(dict.fromkeys(str(key) for key in row))
+    return list(names)
+
+
+def read_jsonl(path: str) -> RowSource:
+    rows, lines = [], []
+    for number, line in enumerate(_decode(path, Path(path).read_bytes()).split("\n"), 1):
+        if line.strip():
+            rows.append(_json_value(path, line, number))
+            lines.append(number)
+    return RowSource(path, "jsonl", rows, _columns(rows), lines)
+
+
+def read_json(path: str) -> RowSource:
+    text = _decode(path, Path(path).read_bytes())
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        if err.msg == "Extra data":  # JSON Lines saved with a .json name
+            return read_jsonl(path)
+        value = _json_value(path, text, None)
+    except (ValueError, RecursionError):
+        value = _json_value(path, text, None)
+    if isinstance(value, dict) and value and all(isinstance(v, list) for v in value.values()):
+        lengths = {len(v) for v in value.values()}
+        if len(lengths) == 1:  # column-oriented: {"instruction": [...], "output": [...]}
+            value = [dict(zip(value, items, strict=True)) for items in zip(*value.values(), strict=True)]
+    if not isinstance(value, list):
+        raise UserError(
+            f"{path}: expected a JSON list of row objects, got {type(value).__name__}",
+            "write [{...}, {...}] or use JSONL",
+        )
+    return RowSource(path, "json", value, _columns(value))
+
+
+def _from_arrow(path: str, kind: str, table) -> RowSource:
+    from datasets import Dataset
+
+    dataset = Dataset(table)
+    return RowSource(path, kind, dataset, list(dataset.column_names))
+
+
+def read_csv(path: str) -> RowSource:
+    import pandas
+
+    _decode(path, Path(path).read_bytes())  # names the line of a bad byte; pandas would not
+    try:
+        frame = pandas.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
+    except Exception as err:  # pandas raises a zoo of parser errors; all mean "this CSV is unreadable"
+        raise UserError(
+            f"{path}: not a readable CSV file ({err})".strip(), "check the quoting and the header"
+        ) from None
+    from datasets import Dataset
+
+    dataset = Dataset.from_pandas(frame, preserve_index=False)
+    return RowSource(path, "csv", dataset, list(dataset.column_names))
+
+
+def read_parquet(path: str) -> RowSource:
+    import pyarrow.parquet
+
+    try:
+        table = pyarrow.parquet.read_table(path)
+    except Exception as err:  # ArrowInvalid, OSError, ...: the file is not a complete Parquet file
+        raise UserError(f"{path}: not a readable Parquet file ({err})", "rewrite the file") from None
+    return _from_arrow(path, "parquet", table)
+
+
+def read_saved_dataset(path: str) -> RowSource:
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(path)
+    except Exception as err:  # missing/corrupt state.json or arrow files
+        raise UserError(
+            f"{path}: not a datasets.save_to_disk directory ({type(err).__name__}: {err})",
+            "pass the directory written by Dataset.save_to_disk, or the data files themselves",
+        ) from None
+    if isinstance(loaded, datasets.DatasetDict):
+        if "train" not in loaded and len(loaded) != 1:
+            raise UserError(
+                f"{path}: saved DatasetDict has splits {sorted(loaded)} and none is 'train'", "save one split"
+            )
+        loaded = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
+    return RowSource(path, "dataset-dir", loaded, list(loaded.column_names))
+
+
+READERS = {"jsonl": read_jsonl, "json": read_json, "csv": read_csv, "parquet": read_parquet}
+
+
+def read_source(path: str) -> RowSource:
+    """One file or saved directory -> RowSource; every failure is a UserError naming the path."""
+    location = Path(path)
+    if location.is_dir():
+        return read_saved_dataset(path)
+    if not location.exists():
+        raise UserError(f"{path}: no such file or directory", f"pass {SUPPORTED}")
+    kind = SUFFIXES.get(location.suffix.lower())
+    if kind is None:
+        raise UserError(f"{path}: unknown file type {location.suffix!r}", f"pass {SUPPORTED} (by extension)")
+    try:
+        source = READERS[kind](path)
+    except OSError as err:
+        raise UserError(f"{path}: cannot read ({err.strerror or err})", "check the path and permissions") from None
+    if not len(source.rows):
+        raise UserError(f"{path}: holds no rows", "pass a file with at least one example")
+    return source

@@ -1,0 +1,143 @@
+"""The three training formats (alpaca, chat, text): row checks and tokenization with prompt masking.
+
+Each encoder turns one row into (input_ids, labels); labels are -100 where the loss must not look (prompt
+tokens for alpaca, everything but assistant turns for chat). A row that cannot be used raises `BadRow` with a
+reason that `DataStats` counts: missing_field, wrong_type, empty, too_long.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+IGNORE_INDEX = -100
+FORMATS: dict[str, tuple[str, ...]] = {"alpaca": ("instruction", "output"), "chat": ("messages",), "text": ("text",)}
+CHAT_ROLES = ("system", "user", "assistant")
+ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
+ALPACA_PROMPT_WITH_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+
+
+class BadRow(Exception):
+    """One row cannot be trained on; `reason` is the counter key, the message says what is wrong."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def _field(row: Any, name: str, *, required: bool = True) -> str:
+    if not isinstance(row, dict):
+        raise BadRow("wrong_type", f"expected an object with field {name!r}, got {type(row).__name__}")
+    value = row.get(name)
+    if value is None:
+        if required:
+            raise BadRow("missing_field", f"missing field {name!r}")
+        return ""
+    if not isinstance(value, str):
+        raise BadRow("wrong_type", f"field {name!r} must be a string, got {type(value).__name__}")
+    if required and not value.strip():
+        raise BadRow("empty", f"field {name!r} is empty")
+    return value
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+
+def _specials(tokenizer) -> tuple[list[int], list[int]]:
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    return bos, eos
+
+
+def encode_alpaca(row: Any, tokenizer) -> tuple[list[int], list[int]]:
+    instruction, output = _field(row, "instruction"), _field(row, "output")
+    extra = _field(row, "input", required=False)
+    template = ALPACA_PROMPT_WITH_INPUT if extra.strip() else ALPACA_PROMPT
+    bos, eos = _specials(tokenizer)
+    prompt = bos + _ids(tokenizer, template.format(instruction=instruction, input=extra))
+    response = _ids(tokenizer, output) + eos
+    return prompt + response, [IGNORE_INDEX] * len(prompt) + response
+
+
+def encode_text(row: Any, tokenizer) -> tuple[list[int], list[int]]:
+    bos, eos = _specials(tokenizer)
+    body = _ids(tokenizer, _field(row, "text"))
+    if not body:
+        raise BadRow("empty", "field 'text' is empty after tokenization")
+    ids = bos + body + eos
+    return ids, list(ids)
+
+
+def chat_messages(row: Any) -> list[dict]:
+    """The row's messages, checked: roles from CHAT_ROLES, string contents, at least one assistant turn."""
+    if not isinstance(row, dict):
+        raise BadRow("wrong_type", f"expected an object with field 'messages', got {type(row).__name__}")
+    messages = row.get("messages")
+    if messages is None:
+        raise BadRow("missing_field", "missing field 'messages'")
+    if isinstance(messages, str):  # CSV and some Parquet files carry the list as a JSON string
+        try:
+            messages = json.loads(messages)
+        except (ValueError, RecursionError):
+            raise BadRow("wrong_type", "field 'messages' is a string that is not a JSON list") from None
+    if not isinstance(messages, list) or not messages:
+        raise BadRow("wrong_type", "field 'messages' must be a non-empty list of {role, content} objects")
+    checked = []
+    for number, message in enumerate(messages, 1):
+        if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
+            raise BadRow("wrong_type", f"message {number} needs a 'role' from {list(CHAT_ROLES)}")
+        if not isinstance(message.get("content"), str):
+            raise BadRow("wrong_type", f"message {number} needs a string 'content'")
+        checked.append({"role": message["role"], "content": message["content"]})
+    if not any(m["role"] == "assistant" and m["content"].strip() for m in checked):
+        raise BadRow("empty", "no non-empty assistant message to train on")
+    return checked
+
+
+def _render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character spans of assistant turns.
+
+    Rendering prefix by prefix works with any chat template that renders a conversation as the
+    concatenation of its turns (all LLaMA/Mistral/Qwen2 templates do); no {% generation %} tags needed.
+    """
+    full = _render(tokenizer, messages)
+    spans = []
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = len(_render(tokenizer, messages[:index], add_generation_prompt=True)) if index else 0
+        end_text = _render(tokenizer, messages[: index + 1])
+        if not full.startswith(end_text) or start > len(end_text):
+            raise BadRow("wrong_type", "the chat template does not render this conversation turn by turn")
+        spans.append((start, len(end_text)))
+    return full, spans
+
+
+def encode_chat(row: Any, tokenizer) -> tuple[list[int], list[int]]:
+    full, spans = assistant_spans(tokenizer, chat_messages(row))
+    encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(encoded["input_ids"])
+    labels = [
+        token if any(lo <= start < hi for lo, hi in spans) else IGNORE_INDEX
+        for token, (start, _end) in zip(ids, encoded["offset_mapping"], strict=True)
+    ]
+    return ids, labels
+
+
+ENCODERS = {"alpaca": encode_alpaca, "chat": encode_chat, "text": encode_text}
+
+
+def encode_row(row: Any, tokenizer, fmt: str, max_length: int) -> tuple[list[int], list[int]]:
+    """(input_ids, labels) for one row, or BadRow."""
+    ids, labels = ENCODERS[fmt](row, tokenizer)
+    if all(label == IGNORE_INDEX for label in labels):
+        raise BadRow("empty", "nothing left to train on after tokenization")
+    if len(ids) > max_length:
+        raise BadRow("too_long", f"{len(ids)} tokens is longer than the max length {max_length}")
+    return ids, labels
