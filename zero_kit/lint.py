@@ -1,0 +1,427 @@
+"""Lint a DeepSpeed config before a GPU hour is spent on it.
+
+`lint(config, context)` is pure: no printing, no exit, no environment reads. It checks the config
+against DeepSpeed's own schema (pydantic models and the keys its parser reads, see `ds_schema`),
+adds the rules DeepSpeed does not enforce (misspelt keys, numbers written as strings, "auto" where
+nobody fills it, batch arithmetic at the real world size, contradictory offload/precision), and
+finally runs DeepSpeed's own parse so that whatever passes here also passes there.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+Severity = Literal["error", "warning"]
+Target = Literal["deepspeed", "hf-trainer", "accelerate"]
+ROOT = "<config>"
+"""Key path used for problems about the config as a whole."""
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding: where (key path), what was found, why it is wrong, and what to do."""
+
+    severity: Severity
+    path: str
+    value: Any
+    message: str
+    fix: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        found = f" (found {_show(self.value)})"
+        fix = f"\n    fix: {self.fix}" if self.fix else ""
+        return f"{self.severity}: {self.path}{found}: {self.message}{fix}"
+
+
+@dataclass(frozen=True)
+class LintContext:
+    """What the linter cannot read from the config itself."""
+
+    world_size: int | None = None
+    """Data-parallel ranks the config will run at (None: unknown, batch checks that need it are skipped)."""
+    world_size_source: str = "--world-size"
+    """Where the world size came from, named in messages (a flag or an environment variable)."""
+    target: Target = "deepspeed"
+    """Who consumes the config: plain deepspeed.initialize, the HF Trainer, or accelerate launch."""
+
+
+def _show(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else _json_like(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _json_like(value: Any) -> str:
+    import json
+
+    try:
+        return json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def join(path: str, key: Any) -> str:
+    """Dotted key path; list items as [i]."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else str(key)
+
+
+def did_you_mean(key: Any, choices: Any) -> str:
+    """A "did you mean" fix for an unknown key, or a list of the valid ones."""
+    choices = sorted({c for c in choices if isinstance(c, str)})
+    match = difflib.get_close_matches(str(key), choices, n=1, cutoff=0.6)
+    if match:
+        return f"did you mean {match[0]!r}?"
+    shown = ", ".join(choices[:12]) + (", ..." if len(choices) > 12 else "")
+    return f"remove it, or use one of: {shown}"
+
+
+def lookup(config: Any, path: str, default: Any = None) -> Any:
+    """`config["a"]["b"]` for "a.b", or `default` when any level is missing or not a dict."""
+    node = config
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def lint(config: Any, context: LintContext | None = None) -> list[Problem]:
+    """Every problem in `config` (a parsed DeepSpeed JSON), errors and warnings, in one list."""
+    from zero_kit import ds_schema
+
+    context = context or LintContext()
+    if not isinstance(config, dict):
+        kind = type(config).__name__
+        return [
+            Problem(
+                "error",
+                ROOT,
+                config,
+                f"a DeepSpeed config is a JSON object, not a {kind}",
+                "wrap the settings in {...}",
+            )
+        ]
+    problems, autos = ds_schema.check_schema(config)
+    problems += _auto_rules(autos, context.target)
+    problems += _non_finite(config, "")
+    batch_problems, world_size = _batch_rules(config, context)
+    problems += batch_problems
+    problems += _precision_rules(config)
+    problems += _zero_rules(config, context.target)
+    problems += _scheduler_rules(config)
+    problems = _dedupe(problems)
+    if not any(p.severity == "error" for p in problems):
+        problems += ds_schema.check_with_deepspeed(config, world_size, autos)
+    return problems
+
+
+def _dedupe(problems: list[Problem]) -> list[Problem]:
+    """One problem per (path, message); the first rule to speak about a path wins over DeepSpeed's echo."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for p in problems:
+        if (p.path, p.message) not in seen:
+            seen.add((p.path, p.message))
+            out.append(p)
+    return out
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _auto_rules(autos: list[str], target: Target) -> list[Problem]:
+    """ "auto" is a placeholder that only the HF Trainer (and accelerate) fill, and only at certain keys."""
+    from zero_kit.ds_schema import hf_trainer_auto_keys
+
+    # transformers is imported only when some "auto" needs judging (it costs seconds).
+    filled = hf_trainer_auto_keys() if autos and target != "deepspeed" else frozenset()
+    problems = []
+    for path in autos:
+        if target == "deepspeed":
+            problems.append(
+                Problem(
+                    "error",
+                    path,
+                    "auto",
+                    '"auto" is filled only by the HF Trainer or accelerate; plain deepspeed.initialize cannot use it',
+                    "write a value, or validate with --for hf-trainer if the HF Trainer launches this config",
+                )
+            )
+        elif target == "accelerate" and path in BATCH_KEYS:
+            problems.append(
+                Problem(
+                    "error",
+                    path,
+                    "auto",
+                    "accelerate fills the batch itself and then fails DeepSpeed's batch assertion at world size > 1",
+                    "write the numbers (train_batch_size = micro x grad_accum x world size) and pass the file with --deepspeed_config_file",
+                )
+            )
+        elif path not in filled:
+            problems.append(
+                Problem(
+                    "error",
+                    path,
+                    "auto",
+                    f'the {target} integration does not fill "auto" here, so DeepSpeed would get the string "auto"',
+                    f'write a value; "auto" is filled only at: {", ".join(sorted(filled))}',
+                )
+            )
+    return problems
+
+
+def _non_finite(node: Any, path: str) -> list[Problem]:
+    """NaN and Infinity parse in Python but are not JSON and never a sensible setting."""
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in _non_finite(v, join(path, k))]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in _non_finite(v, join(path, i))]
+    if isinstance(node, float) and not math.isfinite(node):
+        return [Problem("error", path or ROOT, str(node), "NaN/Infinity is not valid JSON", "write a finite number")]
+    return []
+
+
+def _batch_values(config: dict) -> tuple[dict[str, int], list[Problem]]:
+    """The batch keys that hold usable whole numbers; problems for the ones that hold bad numbers."""
+    values, problems = {}, []
+    for key in BATCH_KEYS:
+        value = config.get(key)
+        if value is None or value == "auto":
+            continue  # absent, or auto (see the auto rules)
+        if isinstance(value, (str, bool, dict, list)):
+            kind = "a string" if isinstance(value, str) else type(value).__name__
+            fix = (
+                f"write {value} without quotes"
+                if isinstance(value, str) and value.strip().isdigit()
+                else f"set {key} to a positive integer"
+            )
+            problems.append(Problem("error", key, value, f"expected a whole number > 0, found {kind}", fix))
+        elif not isinstance(value, int) or value <= 0:
+            problems.append(
+                Problem(
+                    "error",
+                    key,
+                    value,
+                    f"{key} must be a whole number > 0",
+                    f"set {key} to a positive integer such as 1",
+                )
+            )
+        else:
+            values[key] = value
+    return values, problems
+
+
+def _batch_rules(config: dict, context: LintContext) -> tuple[list[Problem], int]:
+    """train_batch_size = micro x grad_accum x world size, checked with the real world size.
+    Returns the problems and the world size to give DeepSpeed's own parse."""
+    values, problems = _batch_values(config)
+    tbs = values.get("train_batch_size")
+    micro = values.get("train_micro_batch_size_per_gpu")
+    accum = values.get("gradient_accumulation_steps")
+    autos = [k for k in BATCH_KEYS if config.get(k) == "auto"]
+    if problems or autos:
+        return problems, context.world_size or 1
+    if tbs is None and micro is None:
+        return [
+            Problem(
+                "error",
+                "train_batch_size",
+                None,
+                "neither train_batch_size nor train_micro_batch_size_per_gpu is set",
+                "set train_micro_batch_size_per_gpu (and gradient_accumulation_steps)",
+            )
+        ], 1
+    world, source = context.world_size, context.world_size_source
+    if world is None and tbs and micro and accum and tbs % (micro * accum) == 0:
+        world, source = tbs // (micro * accum), "implied by the batch triple"
+    if world is None:
+        world, source = 1, "assumed: pass --world-size or set WORLD_SIZE"
+    shown = f"world_size({world}, {source})"
+    if tbs is None:
+        return [], world
+    if micro and accum:
+        if tbs != micro * accum * world:
+            fix = f"set train_batch_size to {micro * accum * world} or leave it out"
+            return [
+                Problem(
+                    "error",
+                    "train_batch_size",
+                    tbs,
+                    f"train_batch_size({tbs}) != micro({micro}) * grad_accum({accum}) * {shown}",
+                    fix,
+                )
+            ], world
+        return [], world
+    per_step = (micro or accum or 1) * world
+    if tbs % per_step:
+        given = "micro" if micro else "grad_accum" if accum else None
+        what = f"{given}({micro or accum}) * {shown}" if given else shown
+        fix = f"set train_batch_size to a multiple of {per_step} (e.g. {max(per_step, tbs - tbs % per_step)}) or set all three batch keys"
+        return [
+            Problem(
+                "error",
+                "train_batch_size",
+                tbs,
+                f"train_batch_size({tbs}) is not divisible by {what}: DeepSpeed would round the other batch key down",
+                fix,
+            )
+        ], world
+    return [], world
+
+
+def _enabled(config: dict, section: str) -> Any:
+    node = config.get(section)
+    return node.get("enabled") if isinstance(node, dict) else None
+
+
+def _precision_rules(config: dict) -> list[Problem]:
+    bf16_key = "bf16" if "bf16" in config or "bfloat16" not in config else "bfloat16"
+    if _enabled(config, "fp16") is True and _enabled(config, bf16_key) is True:
+        return [
+            Problem(
+                "error",
+                f"{bf16_key}.enabled",
+                True,
+                "fp16 and bf16 are both enabled; DeepSpeed refuses this",
+                "enable one: bf16 on Ampere or newer GPUs, fp16 on older ones",
+            )
+        ]
+    return []
+
+
+def _device(config: dict, which: str) -> Any:
+    return lookup(config, f"zero_optimization.{which}.device")
+
+
+def _zero_rules(config: dict, target: Target) -> list[Problem]:
+    """Offload and stage combinations DeepSpeed accepts silently but that do not do what the user meant."""
+    zero = config.get("zero_optimization")
+    if target == "accelerate" and zero is None:
+        return [
+            Problem(
+                "error",
+                "zero_optimization",
+                None,
+                "accelerate refuses a DeepSpeed config without zero_optimization",
+                'add "zero_optimization": {"stage": N}',
+            )
+        ]
+    if not isinstance(zero, dict):
+        return []
+    stage = zero.get("stage", 0)
+    stage = stage if isinstance(stage, int) and not isinstance(stage, bool) else None
+    problems = []
+    param_dev, optim_dev = _device(config, "offload_param"), _device(config, "offload_optimizer")
+    if stage is not None and stage < 3 and param_dev in ("cpu", "nvme"):
+        problems.append(
+            Problem(
+                "error",
+                "zero_optimization.offload_param.device",
+                param_dev,
+                f"parameter offload needs ZeRO stage 3 (stage is {stage}); DeepSpeed would ignore it",
+                'set zero_optimization.stage to 3 or offload_param.device to "none"',
+            )
+        )
+    if stage == 0 and optim_dev in ("cpu", "nvme"):
+        problems.append(
+            Problem(
+                "error",
+                "zero_optimization.offload_optimizer.device",
+                optim_dev,
+                "optimizer offload needs ZeRO stage 1 or higher (stage is 0)",
+                'set zero_optimization.stage to 1, 2 or 3, or offload_optimizer.device to "none"',
+            )
+        )
+    if stage is not None and 0 < stage < 3 and optim_dev == "nvme":
+        problems.append(
+            Problem(
+                "error",
+                "zero_optimization.offload_optimizer.device",
+                optim_dev,
+                f"NVMe optimizer offload needs ZeRO stage 3 (stage is {stage})",
+                'use "cpu" at this stage, or set zero_optimization.stage to 3',
+            )
+        )
+    for which, device in (("offload_param", param_dev), ("offload_optimizer", optim_dev)):
+        if device == "nvme" and not lookup(config, f"zero_optimization.{which}.nvme_path"):
+            problems.append(
+                Problem(
+                    "error",
+                    f"zero_optimization.{which}.nvme_path",
+                    None,
+                    f"{which} to NVMe needs nvme_path",
+                    f'add "nvme_path": "/local_nvme" under zero_optimization.{which}',
+                )
+            )
+    problems += _stage3_rules(zero, stage, target)
+    return problems
+
+
+def _stage3_rules(zero: dict, stage: int | None, target: Target) -> list[Problem]:
+    gather_keys = (
+        "stage3_gather_16bit_weights_on_model_save",
+        "gather_16bit_weights_on_model_save",
+        "stage3_gather_fp16_weights_on_model_save",
+    )
+    problems = []
+    if stage == 3 and target != "deepspeed" and not any(zero.get(k) is True for k in gather_keys):
+        problems.append(
+            Problem(
+                "warning",
+                "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                zero.get(gather_keys[0]),
+                "at stage 3 the HF Trainer saves empty weights unless DeepSpeed gathers them on save",
+                'set "stage3_gather_16bit_weights_on_model_save": true',
+            )
+        )
+    if stage is not None and stage < 3:
+        for key, value in zero.items():
+            if isinstance(key, str) and key.startswith("stage3_") and value not in (None, "auto"):
+                problems.append(
+                    Problem(
+                        "warning",
+                        f"zero_optimization.{key}",
+                        value,
+                        f"stage-3 setting has no effect at stage {stage}",
+                        "remove it, or set zero_optimization.stage to 3",
+                    )
+                )
+    return problems
+
+
+def _scheduler_rules(config: dict) -> list[Problem]:
+    params = lookup(config, "scheduler.params")
+    if not isinstance(params, dict):
+        return []
+    warmup, total = params.get("warmup_num_steps"), params.get("total_num_steps")
+    problems = []
+    if is_number(warmup) and warmup <= 0:
+        problems.append(
+            Problem(
+                "error",
+                "scheduler.params.warmup_num_steps",
+                warmup,
+                "DeepSpeed >= 0.19.6 rejects warmup_num_steps <= 0",
+                "set warmup_num_steps to 1 or more",
+            )
+        )
+    elif is_number(warmup) and is_number(total) and total < warmup:
+        problems.append(
+            Problem(
+                "error",
+                "scheduler.params.total_num_steps",
+                total,
+                f"total_num_steps({total}) < warmup_num_steps({warmup}): the decay never starts",
+                f"set total_num_steps to at least {warmup}",
+            )
+        )
+    return problems
