@@ -128,7 +128,12 @@ def read_json(path: str) -> RowSource:
 def _from_arrow(path: str, kind: str, table) -> RowSource:
     from datasets import Dataset
 
-    dataset = Dataset(table)
+    try:
+        dataset = Dataset(table)
+    except Exception as err:  # column names or types that datasets cannot represent
+        raise UserError(
+            f"{path}: columns that cannot be loaded ({type(err).__name__}: {err})", "rename the columns"
+        ) from None
     return RowSource(path, kind, dataset, list(dataset.column_names))
 
 
@@ -142,10 +147,13 @@ def read_csv(path: str) -> RowSource:
         raise UserError(
             f"{path}: not a readable CSV file ({err})".strip(), "check the quoting and the header"
         ) from None
-    from datasets import Dataset
+    import pyarrow
 
-    dataset = Dataset.from_pandas(frame, preserve_index=False)
-    return RowSource(path, "csv", dataset, list(dataset.column_names))
+    try:
+        table = pyarrow.Table.from_pandas(frame, preserve_index=False)
+    except Exception as err:  # e.g. duplicate or non-string header cells
+        raise UserError(f"{path}: header that cannot be loaded ({err})", "give every column a unique name") from None
+    return _from_arrow(path, "csv", table)
 
 
 def read_parquet(path: str) -> RowSource:

@@ -36,9 +36,18 @@ def _field(row: Any, name: str, *, required: bool = True) -> str:
         return ""
     if not isinstance(value, str):
         raise BadRow("wrong_type", f"field {name!r} must be a string, got {type(value).__name__}")
+    _check_encodable(value, f"field {name!r}")
     if required and not value.strip():
         raise BadRow("empty", f"field {name!r} is empty")
     return value
+
+
+def _check_encodable(text: str, what: str) -> None:
+    # JSON may carry lone surrogate escapes ("\\ud800"): valid Python str, but not text the tokenizer accepts.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRow("wrong_type", f"{what} holds a lone surrogate escape, which is not valid text") from None
 
 
 def _ids(tokenizer, text: str) -> list[int]:
@@ -90,6 +99,7 @@ def chat_messages(row: Any) -> list[dict]:
             raise BadRow("wrong_type", f"message {number} needs a 'role' from {list(CHAT_ROLES)}")
         if not isinstance(message.get("content"), str):
             raise BadRow("wrong_type", f"message {number} needs a string 'content'")
+        _check_encodable(message["content"], f"message {number} content")
         checked.append({"role": message["role"], "content": message["content"]})
     if not any(m["role"] == "assistant" and m["content"].strip() for m in checked):
         raise BadRow("empty", "no non-empty assistant message to train on")

@@ -1,0 +1,139 @@
+"""Fuzz the data loader (issue 6, item 5): malformed rows and files only ever raise UserError naming the file.
+
+Rows: arbitrary JSON values under the format's field names. Files: valid files of each kind, then
+truncated, bit-flipped, re-encoded (latin-1, UTF-16, cp1252) or replaced by random bytes. Any exception other
+than UserError fails the test. Run with `pytest -q -s tests/unit/test_fuzz_data.py` to see the case counts.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zero_kit.data import load_dataset_rows, tokenize_dataset
+from zero_kit.errors import UserError
+from zero_kit.model import load_tokenizer
+
+FIELDS = ["instruction", "input", "output", "messages", "text", "role", "content"]
+CASES: Counter = Counter()
+FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# Lone surrogate escapes are legal JSON but not text: the tokenizer rejects them with a TypeError.
+strings = st.text(max_size=40) | st.sampled_from(["", " ", "\ud800", "ok\udfffok", "\x00", "<|assistant|>", "</s>"])
+scalars = st.none() | st.booleans() | st.integers() | st.floats() | strings
+good_rows = st.sampled_from(
+    [
+        {"instruction": "Explain ZeRO.", "input": "", "output": "It shards state."},
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
+        {"text": "ZeRO stage 2 shards gradients."},
+    ]
+)
+values = st.recursive(
+    scalars,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=5), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+messages = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "system", "bot"]) | values, "content": values}
+    ),
+    max_size=4,
+)
+rows = st.one_of(
+    good_rows,
+    st.builds(lambda row, key, value: {**row, key: value}, good_rows, st.sampled_from(FIELDS), values),
+    st.dictionaries(st.sampled_from(FIELDS), values | st.text(max_size=80), max_size=5),
+    st.fixed_dictionaries({"messages": messages}),
+    values,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(None)
+
+
+def load_and_tokenize(path: str, tokenizer, fmt: str | None, max_length: int, skip_bad: bool, kind: str) -> None:
+    """The property: success, or a UserError that names the file. Anything else propagates and fails."""
+    try:
+        loaded = load_dataset_rows([path], fmt)
+        tokenize_dataset(loaded, tokenizer, fmt, max_length, skip_bad=skip_bad)
+        CASES[f"{kind}: accepted"] += 1
+    except UserError as err:
+        assert path in str(err), str(err)
+        CASES[f"{kind}: UserError"] += 1
+
+
+@FUZZ
+@given(
+    batch=st.lists(rows, min_size=1, max_size=6),
+    fmt=st.sampled_from([None, "alpaca", "chat", "text"]),
+    max_length=st.integers(2, 96),
+    skip_bad=st.booleans(),
+)
+def test_fuzzed_rows_only_raise_user_errors(tokenizer, batch, fmt, max_length, skip_bad):
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "rows.jsonl"
+        path.write_text("".join(json.dumps(row) + "\n" for row in batch), encoding="utf-8")
+        load_and_tokenize(str(path), tokenizer, fmt, max_length, skip_bad, "rows")
+
+
+def valid_bytes(kind: str) -> bytes:
+    """A small valid file of each kind, the starting point for mutations."""
+    import pandas
+
+    good = [{"instruction": "Explain ZeRO.", "input": "", "output": "It shards state."}] * 3
+    if kind == "jsonl":
+        return "".join(json.dumps(row) + "\n" for row in good).encode()
+    if kind == "json":
+        return json.dumps(good).encode()
+    buffer = io.BytesIO()
+    (pandas.DataFrame(good).to_csv if kind == "csv" else pandas.DataFrame(good).to_parquet)(buffer, index=False)
+    return buffer.getvalue()
+
+
+def mutate(data: bytes, how: str, draw) -> bytes:
+    if how == "truncate":
+        return data[: draw(st.integers(0, max(len(data) - 1, 0)))]
+    if how == "flip":
+        spots = draw(st.lists(st.integers(0, len(data) - 1), min_size=1, max_size=6))
+        mutable = bytearray(data)
+        for spot in spots:
+            mutable[spot] = draw(st.integers(0, 255))
+        return bytes(mutable)
+    if how == "reencode":
+        text = data.decode("utf-8", errors="replace").replace("ZeRO", draw(st.sampled_from(["Zé", "Ω", "\u2028", "€"])))
+        return text.encode(draw(st.sampled_from(["latin-1", "utf-16", "cp1252"])), errors="replace")
+    return draw(st.binary(max_size=200))
+
+
+@FUZZ
+@given(
+    kind=st.sampled_from(["jsonl", "json", "csv", "parquet"]),
+    how=st.sampled_from(["truncate", "flip", "reencode", "random"]),
+    fmt=st.sampled_from([None, "alpaca", "text"]),
+    data=st.data(),
+)
+def test_mutated_files_only_raise_user_errors(tokenizer, kind, how, fmt, data):
+    payload = mutate(valid_bytes(kind), how, data.draw)
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / f"data.{kind}"
+        path.write_bytes(payload)
+        load_and_tokenize(str(path), tokenizer, fmt, 64, data.draw(st.booleans()), f"{kind}/{how}")
+
+
+def test_zz_report_fuzz_counts():
+    """Runs last in this file: prints the case counts and checks both properties saw errors and successes."""
+    print("\nfuzz cases:", dict(sorted(CASES.items())), "total", sum(CASES.values()))
+    assert CASES["rows: UserError"] > 0 and CASES["rows: accepted"] > 0
+    assert sum(count for key, count in CASES.items() if key != "rows: UserError" and "UserError" in key) > 0
