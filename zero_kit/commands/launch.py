@@ -1,15 +1,84 @@
-"""`zero-kit launch` (not built yet: see the open issue)."""
+"""`zero-kit launch`: the launch material for multi-node runs. With --hostfile FILE it checks the hostfile and
+prints the per-node launcher commands; with --slurm it writes (or prints) an sbatch script; --write-hostfile
+writes a pdsh/deepspeed hostfile for --hosts. The command to launch defaults to a `zero-kit bench` rank."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
+from pathlib import Path
 
 from zero_kit.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--hostfile", metavar="FILE", help="existing hostfile: check it, print per-node commands")
+    mode.add_argument("--slurm", action="store_true", help="write a SLURM sbatch script (one srun task per node)")
+    mode.add_argument("--write-hostfile", metavar="FILE", help="write a hostfile for --hosts (HOST slots=N lines)")
+    parser.add_argument("--launcher", choices=("deepspeed", "torchrun"), default="deepspeed",
+                        help="deepspeed (ZeRO, --no_ssh per node) or torchrun (DDP/FSDP2, static rendezvous)")  # fmt: skip
+    parser.add_argument("--nodes", type=int, default=2, help="number of nodes (SLURM)")
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (hostfile slots)")
+    parser.add_argument("--hosts", default="", help="comma-separated host names for --write-hostfile")
+    parser.add_argument("--master-addr", default=None, help="first node's address (default: first hostfile host)")
+    parser.add_argument("--master-port", type=int, default=29700, help="rendezvous port")
+    parser.add_argument("--module", default="zero_kit.bench", help="python module each rank runs")
+    parser.add_argument("--job-name", default="zero-kit", help="SLURM job name")
+    parser.add_argument("--time", default="01:00:00", help="SLURM time limit")
+    parser.add_argument("--partition", default=None, help="SLURM partition")
+    parser.add_argument("-o", "--output", default=None, help="write the script here instead of printing it")
+    parser.add_argument("module_args", nargs=argparse.REMAINDER, help="arguments after -- go to the module")
+
+
+def _module_args(args: argparse.Namespace) -> list[str]:
+    rest = list(args.module_args)
+    return rest[1:] if rest[:1] == ["--"] else rest
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output:
+        Path(output).write_text(text, encoding="utf-8")
+        print(f"wrote {output}", file=sys.stderr)
+    else:
+        print(text, end="")
+
+
+def _per_node_commands(args: argparse.Namespace) -> str:
+    from zero_kit.launch import deepspeed_command, parse_hostfile, torchrun_command
+
+    try:
+        text = Path(args.hostfile).read_text(encoding="utf-8")
+    except OSError as err:
+        raise UserError(f"cannot read --hostfile {args.hostfile}: {err.strerror}", "pass an existing file") from err
+    hosts = parse_hostfile(text, args.hostfile)
+    master = args.master_addr or hosts[0][0]
+    lines = []
+    for rank, (host, slots) in enumerate(hosts):
+        if args.launcher == "deepspeed":
+            cmd = deepspeed_command(args.module, _module_args(args), nproc=slots, master_port=args.master_port,
+                                    hostfile=args.hostfile, node_rank=rank, master_addr=master, launcher="deepspeed")  # fmt: skip
+        else:
+            cmd = torchrun_command(args.module, _module_args(args), nproc=slots, master_port=args.master_port,
+                                   nnodes=len(hosts), node_rank=rank, master_addr=master, python="python")  # fmt: skip
+        lines.append(f"# on {host}\n{shlex.join(cmd)}")
+    return "\n".join(lines) + "\n"
 
 
 def run(args: argparse.Namespace) -> int:
-    raise UserError("zero-kit launch is not available in this version yet")
+    from zero_kit.launch import SlurmJob, hostfile_text, sbatch_script
+
+    if args.write_hostfile:
+        hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
+        if not hosts:
+            raise UserError("--write-hostfile needs --hosts", "pass --hosts node1,node2")
+        _emit(hostfile_text(hosts, args.gpus_per_node), args.write_hostfile)
+    elif args.slurm:
+        job = SlurmJob(nodes=args.nodes, gpus_per_node=args.gpus_per_node, launcher=args.launcher, module=args.module,
+                       args=tuple(_module_args(args)), job_name=args.job_name, time=args.time,
+                       partition=args.partition, master_port=args.master_port)  # fmt: skip
+        _emit(sbatch_script(job), args.output)
+    else:
+        _emit(_per_node_commands(args), args.output)
+    return 0

@@ -1,0 +1,172 @@
+"""Turn benchmark records into results.jsonl, a markdown table and PNG plots (matplotlib, Agg backend).
+
+Predicted model-state bytes come from `zero_kit.accounting.model_state_bytes` (the planner's one table of
+bytes per parameter), so measured and predicted sit side by side with the formula that produced the number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+PARITY_TOL = 1e-5
+# Strategy name -> (accounting strategy, optimizer offloaded)
+_ACCOUNTING = {
+    "zero1_reduce": ("zero1", False),
+    "zero2_reduce": ("zero2", False),
+    "zero3_release": ("zero3", False),
+    "zero2_offload": ("zero2", True),
+    "zero3_offload": ("zero3", True),
+}
+
+
+def failed_record(strategy: str, opts, log_path: str) -> dict[str, Any]:
+    tail = Path(log_path).read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+    return {"strategy": strategy, "failed": True, "log": log_path, "log_tail": tail,
+            "world_size": opts.nproc, "precision": opts.precision, "options": dataclasses.asdict(opts)}  # fmt: skip
+
+
+def predicted_state(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The planner's prediction for this run (all bytes: on CPU device and host memory are the same RAM)."""
+    from zero_kit.accounting import model_state_bytes
+
+    name, offload = _ACCOUNTING.get(record["strategy"], (record["strategy"], False))
+    try:
+        s = model_state_bytes(name, record["model"]["n_params"], record["world_size"], record["precision"],
+                              offload_optimizer=offload)  # fmt: skip
+    except ValueError as err:
+        return {"error": str(err)}
+    parts = {"params": s.params + s.host_params, "grads": s.grads + s.host_grads,
+             "optimizer": s.optimizer + s.host_optimizer}  # fmt: skip
+    formula = s.formula + (f" + host {s.host_formula}" if s.host_formula else "")
+    return {**parts, "total": sum(parts.values()), "formula": formula, "part_formulas": list(s.part_formulas)}
+
+
+def annotate(records: list[dict[str, Any]]) -> None:
+    """Add predicted bytes, comm ratio to DDP and loss parity against DDP to every successful record."""
+    ok = [r for r in records if not r.get("failed")]
+    ddp = next((r for r in ok if r["strategy"] == "ddp"), None)
+    for r in ok:
+        r["model_state_bytes_per_rank"]["predicted"] = predicted_state(r)
+        pred = r["model_state_bytes_per_rank"]["predicted"] or {}
+        if pred.get("total"):
+            r["model_state_bytes_per_rank"]["error_vs_predicted"] = (
+                r["model_state_bytes_per_rank"]["total"] / pred["total"] - 1
+            )
+        if ddp is None:
+            continue
+        base = ddp["comm_bytes_per_step"]["ring_bytes_sent_per_rank"]
+        r["comm_ratio_vs_ddp"] = r["comm_bytes_per_step"]["ring_bytes_sent_per_rank"] / base if base else None
+        diffs = [abs(a - b) for a, b in zip(r["losses"], ddp["losses"], strict=False)]
+        r["max_abs_loss_diff_vs_ddp"] = max(diffs) if diffs else None
+        r["loss_parity"] = bool(diffs) and max(diffs) <= PARITY_TOL and len(r["losses"]) == len(ddp["losses"])
+
+
+def _mib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.2f}"
+
+
+def _row(r: dict[str, Any]) -> str:
+    if r.get("failed"):
+        return f"| {r['strategy']} | {r['world_size']} | {r['precision']} | FAILED, see {r['log']} |" + " |" * 9
+    s = r["model_state_bytes_per_rank"]
+    pred = s.get("predicted") or {}
+    err = s.get("error_vs_predicted")
+    parity = r.get("loss_parity")
+    parity_text = "-" if parity is None else ("yes" if parity else "NO") + f" ({r['max_abs_loss_diff_vs_ddp']:.1e})"
+    ratio = r.get("comm_ratio_vs_ddp")
+    cells = [
+        r["strategy"], r["world_size"], r["precision"], f"{r['step_time_s']:.3f}",
+        f"{r['tokens_per_s']['total']:.0f} ({r['tokens_per_s']['per_rank']:.0f})",
+        f"{_mib(s['params'])} / {_mib(s['grads'])} / {_mib(s['optimizer'])}", _mib(s["total"]),
+        f"{_mib(pred.get('total'))} = {pred.get('formula', pred.get('error', '-'))}",
+        "-" if err is None else f"{100 * err:+.2f}%", _mib(r["peak_mem_bytes"].get("rss")),
+        _mib(r["comm_bytes_per_step"]["ring_bytes_sent_per_rank"]), "-" if ratio is None else f"{ratio:.3f}",
+        parity_text,
+    ]  # fmt: skip
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def markdown_table(records: list[dict[str, Any]]) -> str:
+    header = (
+        "| strategy | ranks | precision | step time s (median) | tokens/s total (per rank) |"
+        " state MiB/rank params / grads / optim | state MiB/rank measured | predicted MiB = formula |"
+        " measured vs predicted | peak RSS MiB (max rank) | comm MiB/step/rank (ring) | comm / DDP |"
+        " loss = DDP within 1e-5 (max diff) |"
+    )
+    lines = [header, "|" + "---|" * 13]
+    lines += [_row(r) for r in records]
+    ok = [r for r in records if not r.get("failed")]
+    if ok:
+        r0 = ok[0]
+        lines += ["", f"Model: {r0['model']}; batch: {r0['batch']}; steps {r0['steps']} (warm-up {r0['warmup']}"
+                  " excluded from timing and bytes)", f"Versions: {r0['versions']}; hardware: {r0['hardware']}"]  # fmt: skip
+        lines += ["", "Measured bytes are read from the live tensors (storages counted once); comm bytes are what one",
+                  "rank sends under the ring algorithm for each collective the counting wrapper saw (metrics.py)."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in records if not r.get("failed")]
+    if not ok:
+        return []
+    names = [r["strategy"] for r in ok]
+    paths = []
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar(names, [r["tokens_per_s"]["total"] for r in ok], color="tab:blue")
+    ax.set_ylabel("tokens/s (all ranks, median step)")
+    ax.set_title(f"Throughput, {ok[0]['world_size']} ranks, {ok[0]['precision']}, {ok[0]['device']}")
+    paths.append(_save(fig, out_dir / "throughput.png"))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
+    bottom = [0.0] * len(ok)
+    for part, color in (("params", "tab:blue"), ("grads", "tab:orange"), ("optimizer", "tab:green")):
+        values = [r["model_state_bytes_per_rank"][part] / 2**20 for r in ok]
+        ax1.bar(names, values, bottom=bottom, label=f"{part} (measured)", color=color)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    predicted = [((r["model_state_bytes_per_rank"].get("predicted") or {}).get("total") or 0) / 2**20 for r in ok]
+    ax1.scatter(names, predicted, color="black", marker="_", s=600, label="predicted total (accounting.py)", zorder=3)
+    ax1.set_ylabel("MiB per rank")
+    ax1.set_title("Model-state bytes per rank")
+    ax1.legend(fontsize=8)
+    ax2.bar(names, [r["peak_mem_bytes"]["rss"] / 2**20 for r in ok], color="tab:gray")
+    ax2.set_ylabel("MiB (max over ranks)")
+    ax2.set_title("Peak process RSS" if ok[0]["device"] == "cpu" else "Peak memory")
+    for ax in (ax1, ax2):
+        ax.tick_params(axis="x", rotation=30)
+    paths.append(_save(fig, out_dir / "memory.png"))
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for i, r in enumerate(ok):
+        ax.plot(range(1, len(r["losses"]) + 1), r["losses"], label=r["strategy"], linestyle=("-", "--", ":")[i % 3])
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (mean over ranks)")
+    ax.set_title("Loss curves (same seed, data order and init)")
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, out_dir / "loss.png"))
+    return paths
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def write_outputs(records: list[dict[str, Any]], out_dir: Path) -> dict[str, Path]:
+    annotate(records)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jsonl = out_dir / "results.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    table = out_dir / "table.md"
+    table.write_text(markdown_table(records), encoding="utf-8")
+    plots = plot(records, out_dir)
+    return {"jsonl": jsonl, "table": table, **{p.stem: p for p in plots}}

@@ -1,0 +1,153 @@
+"""Launch commands and files: the `deepspeed` launcher (hostfile, `--no_ssh`), `torchrun` (static
+rendezvous), pdsh hostfiles and SLURM sbatch scripts. Pure text/argv builders: nothing here runs anything.
+
+Launchers are taken from the running interpreter's environment (`python -m torch.distributed.run`, the
+`deepspeed` script next to `sys.executable`), so a venv's launcher is used even when it is not on PATH.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from zero_kit.errors import UserError
+
+_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.\-_]*$")
+
+
+def deepspeed_launcher() -> str:
+    return str(Path(sys.executable).parent / "deepspeed")
+
+
+def torchrun_command(
+    module: str,
+    args: list[str],
+    *,
+    nproc: int,
+    master_port: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str = "127.0.0.1",
+    python: str | None = None,
+) -> list[str]:
+    """`python -m torch.distributed.run` with a static rendezvous (same flags on every node but node_rank)."""
+    return [
+        python or sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", str(nnodes), "--node_rank", str(node_rank), "--nproc_per_node", str(nproc),
+        "--master_addr", master_addr, "--master_port", str(master_port),
+        "-m", module, *args,
+    ]  # fmt: skip
+
+
+def deepspeed_command(
+    module: str,
+    args: list[str],
+    *,
+    nproc: int,
+    master_port: int,
+    hostfile: str | None = None,
+    node_rank: int | None = None,
+    master_addr: str | None = None,
+    launcher: str | None = None,
+) -> list[str]:
+    """The `deepspeed` launcher. With a hostfile and node_rank: `--no_ssh` mode, one launcher per node
+    (SLURM srun or netns), each starting its own local ranks; without: `--num_gpus nproc` on this host."""
+    command = [launcher or deepspeed_launcher()]
+    if hostfile:
+        command += ["--hostfile", hostfile]
+        if node_rank is not None:
+            command += ["--no_ssh", "--node_rank", str(node_rank)]
+    else:
+        command += ["--num_gpus", str(nproc)]
+    if master_addr:
+        command += ["--master_addr", master_addr]
+    return command + ["--master_port", str(master_port), "--module", module, *args]
+
+
+def hostfile_text(hosts: list[str], slots: int) -> str:
+    """pdsh/deepspeed hostfile: one `HOST slots=N` line per node."""
+    for host in hosts:
+        if not _HOST.match(host):
+            raise UserError(f"invalid host name {host!r} in the host list", "use plain host names or IP addresses")
+    if slots < 1:
+        raise UserError(f"--gpus-per-node must be at least 1, got {slots}", "pass --gpus-per-node N with N >= 1")
+    return "".join(f"{host} slots={slots}\n" for host in hosts)
+
+
+def parse_hostfile(text: str, source: str = "hostfile") -> list[tuple[str, int]]:
+    """(host, slots) per non-comment line; every malformed line is reported at once."""
+    hosts, problems = [], []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = re.fullmatch(r"(\S+)\s+slots=(\d+)", line)
+        if not match or not _HOST.match(match.group(1)) or int(match.group(2)) < 1:
+            problems.append(f"{source}:{number}: {raw.strip()!r}")
+            continue
+        hosts.append((match.group(1), int(match.group(2))))
+    if problems or not hosts:
+        raise UserError(
+            "bad hostfile lines:\n  " + "\n  ".join(problems) if problems else f"{source} lists no hosts",
+            "write one 'HOST slots=N' line per node, e.g. 'node1 slots=8'",
+        )
+    return hosts
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    nodes: int
+    gpus_per_node: int
+    launcher: Literal["deepspeed", "torchrun"]
+    module: str
+    args: tuple[str, ...]
+    job_name: str = "zero-kit"
+    time: str = "01:00:00"
+    partition: str | None = None
+    master_port: int = 29700
+    venv: str | None = None
+    """Directory of the virtual environment to activate on every node (default: the current one)."""
+
+
+def sbatch_script(job: SlurmJob) -> str:
+    """SLURM batch script: one srun task per node; each runs the deepspeed launcher (`--no_ssh`, node rank
+    from SLURM_NODEID) or torchrun (static rendezvous on the first node)."""
+    if job.nodes < 1 or job.gpus_per_node < 1:
+        raise UserError(f"need --nodes >= 1 and --gpus-per-node >= 1, got {job.nodes} and {job.gpus_per_node}")
+    venv = job.venv or str(Path(sys.executable).parent.parent)
+    args = " ".join(shlex.quote(a) for a in job.args)
+    head = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job.job_name}",
+        f"#SBATCH --nodes={job.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={job.gpus_per_node}",
+        f"#SBATCH --time={job.time}",
+        *([f"#SBATCH --partition={job.partition}"] if job.partition else []),
+        "set -euo pipefail",
+        f"source {shlex.quote(venv)}/bin/activate",
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"MASTER_PORT={job.master_port}",
+        "export MASTER_ADDR MASTER_PORT",
+    ]
+    # Each srun task expands $SLURM_NODEID itself (single quotes); the user's arguments follow as "$@".
+    if job.launcher == "deepspeed":
+        body = [
+            "# The deepspeed launcher reads the node list from a hostfile; --no_ssh: srun starts it on every node.",
+            'export HOSTFILE="${SLURM_SUBMIT_DIR:-.}/hostfile.$SLURM_JOB_ID"',
+            f'scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s/$/ slots={job.gpus_per_node}/" > "$HOSTFILE"',
+            'srun --ntasks-per-node=1 bash -c \'deepspeed --hostfile "$HOSTFILE" --no_ssh --node_rank "$SLURM_NODEID"'
+            f' --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" --module {job.module} "$@"\' node {args}',
+        ]
+    else:
+        body = [
+            "# torchrun with a static rendezvous: every node dials MASTER_ADDR:MASTER_PORT.",
+            f"srun --ntasks-per-node=1 bash -c 'python -m torch.distributed.run --nnodes {job.nodes}"
+            f' --node_rank "$SLURM_NODEID" --nproc_per_node {job.gpus_per_node}'
+            f' --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" -m {job.module} "$@"\' node {args}',
+        ]
+    return "\n".join(head + body) + "\n"

@@ -1,0 +1,223 @@
+"""Measurements for the benchmark: collective bytes, step times, memory, tensor bytes, MFU.
+
+Every figure says its unit and how it was measured:
+- collective bytes: a counting wrapper around the `torch.distributed` collectives. DDP, FSDP2 and DeepSpeed
+  (whose `deepspeed.comm` calls `torch.distributed.*`) all go through it; DDP's C++ reducer is routed through
+  it by registering PyTorch's stock all-reduce comm hook (see strategies/ddp.py).
+- "ring bytes" = bytes one rank sends under the bandwidth-optimal ring algorithm for a collective of that size:
+  all-reduce 2(N-1)/N*S, all-gather (N-1)/N*S_out, reduce-scatter and reduce (N-1)/N*S_in, broadcast S.
+  This is the accounting of the ZeRO paper (DDP 2Psi, ZeRO-3 3Psi per step), so ratios compare directly.
+- memory: peak RSS (getrusage) on CPU; CUDA max allocated / reserved on GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import resource
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+# Dense peak FLOP/s per device (vendor spec sheets, no sparsity), by precision. Matched by substring of
+# torch.cuda.get_device_name(); the first match wins, so more specific names come first.
+PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 494.5e12},
+    "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "fp32": 378e12},
+    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 494.5e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 156e12},
+    "L40S": {"bf16": 362e12, "fp16": 362e12, "fp32": 183e12},
+    "A10G": {"bf16": 125e12, "fp16": 125e12, "fp32": 62.5e12},
+}
+# fp32 entries are TF32 tensor-core peaks: the benchmark enables TF32 matmuls when training in fp32 on CUDA.
+
+# (function name, which argument holds the payload, ring factor kind)
+_COLLECTIVES = {
+    "all_reduce": "allreduce",
+    "all_reduce_coalesced": "allreduce",
+    "reduce": "reduce",
+    "broadcast": "broadcast",
+    "all_gather": "allgather",
+    "all_gather_into_tensor": "allgather",
+    "all_gather_single": "allgather",
+    "_all_gather_base": "allgather",
+    "reduce_scatter": "reducescatter",
+    "reduce_scatter_tensor": "reducescatter",
+    "reduce_scatter_single": "reducescatter",
+    "_reduce_scatter_base": "reducescatter",
+    "all_to_all_single": "alltoall",
+}
+
+
+def _nbytes(obj: Any) -> int:
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(o) for o in obj)
+    return obj.numel() * obj.element_size() if hasattr(obj, "element_size") else 0
+
+
+def _payload_bytes(name: str, args: tuple, kwargs: dict) -> int:
+    """Bytes of the full (unsharded) collective: input for reductions, output for gathers."""
+    if name in ("all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_single"):
+        out = kwargs.get("tensor_list", kwargs.get("output_tensor", args[0] if args else None))
+        return _nbytes(out)
+    if name in ("reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single"):
+        src = kwargs.get("input_list", kwargs.get("input", args[1] if len(args) > 1 else None))
+        return _nbytes(src)
+    if name in ("all_reduce_coalesced",):
+        return _nbytes(kwargs.get("tensors", args[0] if args else None))
+    if name == "all_to_all_single":
+        return _nbytes(kwargs.get("input", args[1] if len(args) > 1 else None))
+    return _nbytes(kwargs.get("tensor", args[0] if args else None))
+
+
+def ring_bytes(kind: str, payload: int, world: int) -> float:
+    """Bytes one rank sends for a collective of `payload` bytes under the ring algorithm (see module doc)."""
+    if world <= 1:
+        return 0.0
+    share = (world - 1) / world
+    factors = {"allreduce": 2 * share, "allgather": share, "reducescatter": share, "reduce": share}
+    factors.update({"alltoall": share, "broadcast": 1.0})
+    return factors[kind] * payload
+
+
+@dataclass
+class CommCounter:
+    """Counts collective calls and bytes while `active`. Install before any process group or DeepSpeed
+    engine exists: DeepSpeed caches `torch.distributed.all_gather_into_tensor` when its backend starts."""
+
+    active: bool = False
+    calls: dict[str, int] = field(default_factory=dict)
+    payload: dict[str, int] = field(default_factory=dict)
+    sent: float = 0.0
+    _local: threading.local = field(default_factory=threading.local)
+    _originals: dict[str, Any] = field(default_factory=dict)
+
+    def install(self) -> CommCounter:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        for name in _COLLECTIVES:
+            original = getattr(c10d, name, None) or getattr(dist, name, None)
+            if original is None:
+                continue
+            self._originals[name] = original
+            wrapped = self._wrap(name, original)
+            for module in (dist, c10d):
+                if hasattr(module, name):
+                    setattr(module, name, wrapped)
+        return self
+
+    def uninstall(self) -> None:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        for name, original in self._originals.items():
+            for module in (dist, c10d):
+                if hasattr(module, name):
+                    setattr(module, name, original)
+        self._originals.clear()
+
+    def _wrap(self, name: str, original):
+        @functools.wraps(original)
+        def counted(*args, **kwargs):
+            # Only the outermost call counts: deprecated aliases (e.g. _all_gather_base) call the new names.
+            depth = getattr(self._local, "depth", 0)
+            if self.active and depth == 0:
+                self._record(name, _payload_bytes(name, args, kwargs), kwargs.get("group"))
+            self._local.depth = depth + 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._local.depth = depth
+
+        return counted
+
+    def _record(self, name: str, payload: int, group) -> None:
+        import torch.distributed as dist
+
+        world = dist.get_world_size(group) if dist.is_initialized() else 1
+        self.calls[name] = self.calls.get(name, 0) + 1
+        self.payload[name] = self.payload.get(name, 0) + payload
+        self.sent += ring_bytes(_COLLECTIVES[name], payload, world)
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.payload.clear()
+        self.sent = 0.0
+
+    def summary(self, steps: int) -> dict[str, Any]:
+        """Per-step figures over `steps` counted steps."""
+        steps = max(steps, 1)
+        return {
+            "ring_bytes_sent_per_rank": self.sent / steps,
+            "payload_bytes_by_op": {k: v / steps for k, v in sorted(self.payload.items())},
+            "calls_by_op": {k: v / steps for k, v in sorted(self.calls.items())},
+        }
+
+
+class StepTimer:
+    """Wall-clock step times; `synchronize` (e.g. torch.cuda.synchronize) runs before each clock read."""
+
+    def __init__(self, synchronize=None) -> None:
+        self.times: list[float] = []
+        self._sync = synchronize or (lambda: None)
+        self._start = 0.0
+
+    def start(self) -> None:
+        self._sync()
+        self._start = time.perf_counter()
+
+    def stop(self) -> float:
+        self._sync()
+        elapsed = time.perf_counter() - self._start
+        self.times.append(elapsed)
+        return elapsed
+
+    def median(self, warmup: int) -> float:
+        timed = self.times[warmup:] or self.times
+        return statistics.median(timed) if timed else float("nan")
+
+
+def storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors`: a view into a flat buffer counts the whole buffer
+    once (what the rank really holds), empty (released) tensors count zero."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None or t.numel() == 0:
+            continue
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def storage_ptrs(tensors) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors if t is not None and t.numel() > 0}
+
+
+def peak_memory(device_type: str) -> dict[str, int]:
+    """Peak RSS of this process in bytes; on CUDA also torch's max allocated / reserved."""
+    out = {"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # Linux reports KiB
+    if device_type == "cuda":
+        import torch
+
+        out["cuda_allocated"] = torch.cuda.max_memory_allocated()
+        out["cuda_reserved"] = torch.cuda.max_memory_reserved()
+    return out
+
+
+def flops_per_token(n_params: int, layers: int, hidden: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N (matmuls, forward + backward) + 12*L*H*Q*T (attention scores), H*Q = hidden."""
+    return 6 * n_params + 12 * layers * hidden * seq_len
+
+
+def peak_flops(device_name: str, precision: str) -> float | None:
+    for key, table in PEAK_FLOPS.items():
+        if key in device_name:
+            return table[precision]
+    return None
+
+
+def mfu(tokens_per_s_per_device: float, flops_token: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation: achieved model FLOP/s over the device's dense peak; None when peak unknown."""
+    return None if not peak else tokens_per_s_per_device * flops_token / peak

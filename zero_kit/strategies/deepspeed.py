@@ -1,0 +1,103 @@
+"""DeepSpeed ZeRO stages 0-3 (and optimizer offload) through `deepspeed.initialize`, with the config from
+`zero_kit.ds_config.build_ds_config` (the same generator users get from `zero-kit config`).
+
+Bytes are read from DeepSpeed's real buffers: module parameters still materialised plus ZeRO-3's `ds_tensor`
+partitions (params); module `.grad`, `averaged_gradients` partitions and ZeRO-3's flat gradient-partition
+buffer (grads); the inner optimizer's fp32 master partitions and its Adam state (optimizer). Views into one
+flat buffer count that buffer once, so what is reported is what the rank holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zero_kit.metrics import storage_bytes, storage_ptrs
+from zero_kit.strategies import Strategy as _Base
+from zero_kit.strategies import StrategyOptions, make_optimizer, optimizer_state_tensors
+
+
+def ds_config_for(options: StrategyOptions, stage: int, offload_optimizer: str, hidden_size: int) -> dict[str, Any]:
+    """The generator's config for this run. Changes, and why:
+    - without offload the "optimizer" section is dropped and the same torch AdamW as DDP/FSDP2 is passed as a
+      client optimizer: DeepSpeed's own AdamW choice (FusedAdam / CPU Adam) would make fp32 parity a test of
+      optimizer kernels instead of ZeRO;
+    - steps_per_print is raised so DeepSpeed's periodic log does not interleave with the progress display."""
+    from zero_kit.ds_config import build_ds_config
+    from zero_kit.spec import ZeroSpec
+
+    spec = ZeroSpec(
+        stage=stage,
+        precision=options.precision,
+        micro_batch=options.micro_batch,
+        grad_accum=options.grad_accum,
+        world_size=options.world_size,
+        hidden_size=hidden_size,
+        offload_optimizer=offload_optimizer,
+        lr=options.lr,
+        weight_decay=options.weight_decay,
+        gradient_clipping=options.grad_clip,
+    )
+    config = build_ds_config(spec)
+    if offload_optimizer == "none":
+        config.pop("optimizer", None)
+    config["steps_per_print"] = 1_000_000
+    return config
+
+
+class DeepSpeedStrategy(_Base):
+    def __init__(
+        self, model, options: StrategyOptions, *, stage: int, offload_optimizer: str, name: str, zero: dict[str, Any]
+    ) -> None:
+        import deepspeed
+
+        self.options = options
+        self.name = name
+        self.config = ds_config_for(options, stage, offload_optimizer, model.config.hidden_size)
+        self.config["zero_optimization"].update(zero)  # named variants only (see strategies.DS_OVERRIDES)
+        client = make_optimizer(model.parameters(), options) if offload_optimizer == "none" else None
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=self.config)
+        if options.compile:
+            self.engine.compile()
+        self.stage = stage
+
+    def forward_backward(self, batch: dict[str, Any], last: bool) -> float:
+        batch = {k: v.to(self.engine.device) for k, v in batch.items()}
+        loss = self.engine(**batch).loss
+        # DeepSpeed scales by 1/grad_accum itself and reduces only at its own accumulation boundary, which it
+        # tracks by counting engine.step() calls: every micro step calls step(), the boundary one really steps.
+        self.engine.backward(loss)
+        if not last:
+            self.engine.step()
+        return loss.item()
+
+    def step(self) -> None:
+        assert self.engine.is_gradient_accumulation_boundary()
+        self.engine.step()
+
+    def _inner(self):
+        return getattr(self.engine.optimizer, "optimizer", self.engine.optimizer)
+
+    def _param_tensors(self) -> list:
+        params = list(self.engine.module.parameters())
+        return params + [p.ds_tensor for p in params if hasattr(p, "ds_tensor")]
+
+    def grad_bytes(self) -> int:
+        zero = self.engine.optimizer
+        tensors = [p.grad for p in self.engine.module.parameters()]
+        for grads in getattr(zero, "averaged_gradients", {}).values():
+            tensors += list(grads) if isinstance(grads, (list, tuple)) else [grads]
+        tensors.append(getattr(zero, "grad_partitions_flat_buffer", None))
+        tensors += [p.grad for group in self._inner().param_groups for p in group["params"]]
+        return storage_bytes(t for t in tensors if t is not None)
+
+    def param_and_optimizer_bytes(self) -> tuple[int, int]:
+        param_tensors = self._param_tensors()
+        owned = storage_ptrs(param_tensors)
+        masters = [p for group in self._inner().param_groups for p in group["params"]]
+        state = optimizer_state_tensors(self._inner())
+        # fp32 masters that *are* the module params (ZeRO-0 in fp32) are counted once, as params.
+        extra = [t for t in masters + state if t.numel() and t.untyped_storage().data_ptr() not in owned]
+        return storage_bytes(param_tensors), storage_bytes(extra)
+
+    def notes(self) -> str:
+        return "DeepSpeed buffers: module params + ds_tensor partitions; grad partitions; fp32 master partitions + Adam"
