@@ -11,7 +11,8 @@ its partition of every parameter (`p.ds_numel` is the full size, `p.numel()` the
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
+import zlib
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from zero_kit.errors import UserError
@@ -126,7 +127,9 @@ def load_model(model_dir: str | None = None, *, dtype=None, seed: int = 0):
     config = build_config(model_dir)
     with _seeded(seed):
         if model_dir is None:
-            return AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+            _init_default_weights(model, seed)
+            return model
         try:
             return AutoModelForCausalLM.from_pretrained(
                 model_dir, config=config, local_files_only=True, dtype=dtype or "auto"
@@ -136,6 +139,38 @@ def load_model(model_dir: str | None = None, *, dtype=None, seed: int = 0):
                 f"--model {model_dir}: cannot load the weights ({type(err).__name__}: {err})",
                 "check that the safetensors/bin files are complete (save_pretrained writes them)",
             ) from None
+
+
+def _gathered(param):
+    """Inside: the full ZeRO-3 parameter, rank 0's edits partitioned back on exit; a no-op without ZeRO-3."""
+    if not hasattr(param, "ds_id"):
+        return nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([param], modifier_rank=0)
+
+
+def _init_default_weights(model, seed: int) -> None:
+    """Seed each parameter from (seed, its name), LLaMA-style (normal(0, initializer_range), norms at one).
+
+    Built under zero.Init, transformers initializes modules in another RNG order than without it, so the
+    same seed gave different weights under ZeRO-3 than under DDP/FSDP. Per-name generators make the default
+    model identical under every strategy, which a fair comparison needs (tests/dist/test_model_zero3_init.py).
+    """
+    import torch
+
+    std, pad = model.config.initializer_range, model.config.pad_token_id
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            with _gathered(param):
+                generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+                if name.endswith("norm.weight"):
+                    values = torch.ones(param.shape)
+                else:
+                    values = torch.randn(param.shape, generator=generator) * std
+                if name.endswith("embed_tokens.weight") and pad is not None:
+                    values[pad] = 0  # nn.Embedding(padding_idx) convention
+                param.data.copy_(values.to(param.dtype))
 
 
 def count_parameters(model) -> int:
