@@ -1,12 +1,13 @@
 """Rebuild the embedded tokenizer and the bundled datasets in zero_kit/assets from scripts/asset_corpus.py.
 
-Run from the repository root:  python scripts/make_assets.py
-Deterministic: running it twice gives byte-identical files (tests/unit/test_model_assets.py checks the data
-files against a fresh run). Everything is written by this project; nothing is downloaded.
+Run from the repository root:  python scripts/make_assets.py [--out DIR]
+Deterministic: running it twice gives byte-identical files (tests/unit/test_model_assets.py rebuilds them
+into a temporary directory and compares every file with the shipped ones). Everything is written by this project; nothing is downloaded.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import sys
@@ -166,13 +167,16 @@ def train_tokenizer(lines: list[str], out_dir: Path) -> None:
     fast.save_pretrained(out_dir)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ASSETS, help="assets directory to write (default: the package's)")
+    out = parser.parse_args(argv).out
     datasets = {"alpaca": alpaca_rows(), "chat": chat_rows(), "text": text_rows()}
     for fmt, rows in datasets.items():
-        write_jsonl(ASSETS / "data" / f"{fmt}.jsonl", rows)
-        print(f"wrote {len(rows)} rows to {ASSETS / 'data' / f'{fmt}.jsonl'}")
-    train_tokenizer(corpus_lines(datasets), ASSETS / "tokenizer")
-    print(f"wrote tokenizer to {ASSETS / 'tokenizer'}")
+        write_jsonl(out / "data" / f"{fmt}.jsonl", rows)
+        print(f"wrote {len(rows)} rows to {out / 'data' / f'{fmt}.jsonl'}")
+    train_tokenizer(corpus_lines(datasets), out / "tokenizer")
+    print(f"wrote tokenizer to {out / 'tokenizer'}")
 
 
 if __name__ == "__main__":
