@@ -26,6 +26,7 @@ from zero_kit.data_formats import (
     FORMATS,
     IGNORE_INDEX,
     BadRow,
+    check_tokenizer,
     encode_row,
 )
 from zero_kit.errors import UserError
@@ -142,6 +143,9 @@ def tokenize_dataset(
     rows = _as_rows(rows, fmt)
     fmt = fmt or rows.fmt or guess_format(rows.sources[0].columns)
     _check_format(fmt)
+    problem = check_tokenizer(tokenizer, fmt)
+    if problem:
+        raise UserError(f"cannot tokenize {fmt} data: {problem}", "use --format alpaca or text, or a model with one")
     if max_length < 2:
         raise UserError(f"max length {max_length} is too small", "use --max-length 2 or more (512 is typical)")
     stats = DataStats()

@@ -107,7 +107,23 @@ def chat_messages(row: Any) -> list[dict]:
 
 
 def _render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    from jinja2 import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    except TemplateError as err:  # templates raise_exception() on e.g. roles that do not alternate
+        raise BadRow("wrong_type", f"the chat template rejected this conversation: {err}") from None
+
+
+def check_tokenizer(tokenizer, fmt: str) -> str | None:
+    """Why this tokenizer cannot encode fmt (None if it can): chat needs a template and character offsets."""
+    if fmt != "chat":
+        return None
+    if not getattr(tokenizer, "chat_template", None):
+        return "the tokenizer has no chat template"
+    if not getattr(tokenizer, "is_fast", False):
+        return "the chat format needs a fast tokenizer (tokenizer.json) to map turns to tokens"
+    return None
 
 
 def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:

@@ -40,11 +40,11 @@ def tiny_llama_config(vocab_size: int = 2048, **overrides):
     return LlamaConfig(vocab_size=vocab_size, **{**TINY_DEFAULTS, **overrides})
 
 
-def _check_model_dir(model_dir: str) -> Path:
+def _check_model_dir(model_dir: str, *, need_config: bool = True) -> Path:
     path = Path(model_dir)
     if not path.is_dir():
         raise UserError(f"--model {model_dir}: no such directory", "pass a local Hugging Face model directory")
-    if not (path / "config.json").is_file():
+    if need_config and not (path / "config.json").is_file():
         raise UserError(
             f"--model {model_dir}: no config.json, so not a Hugging Face model directory",
             "pass the directory written by save_pretrained (config.json, safetensors, tokenizer files)",
@@ -59,7 +59,7 @@ def load_tokenizer(model_dir: str | None = None):
     if model_dir is None:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(ASSET_TOKENIZER))
     else:
-        _check_model_dir(model_dir)
+        _check_model_dir(model_dir, need_config=False)  # a tokenizer-only directory is fine here
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         except _LOAD_ERRORS as err:

@@ -143,3 +143,34 @@ def test_format_guess_and_unknown_format_errors(tmp_path):
         load_dataset_rows(None, "sharegpt")
     with pytest.raises(UserError, match=r"missing column\(s\) \['text'\]"):
         load_dataset_rows([str(path)], "text")
+
+
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+STRICT = "{% for m in messages %}{% if loop.index0 % 2 == 0 and m['role'] != 'user' %}{{ raise_exception('alternate') }}{% endif %}{{ m['content'] }}{% endfor %}"
+
+
+def test_chat_masking_works_with_another_template(tokenizer, tmp_path):
+    """A ChatML-style template (Qwen2 uses this layout): trained tokens are each reply plus its end marker."""
+    tokenizer.save_pretrained(tmp_path)
+    other = load_tokenizer(str(tmp_path))
+    other.chat_template = CHATML
+    rows = bundled_rows("chat", 6)
+    dataset, _ = tokenize_dataset(rows, other, "chat", 256)
+    for row, labels in zip(rows, dataset["labels"], strict=True):
+        expected = "".join(m["content"] + "<|im_end|>\n" for m in row["messages"] if m["role"] == "assistant")
+        assert "".join(other.decode(run) for run in trained_runs(labels)) == expected
+
+
+def test_chat_needs_a_template_and_a_working_one(tokenizer, tmp_path):
+    tokenizer.save_pretrained(tmp_path)
+    other = load_tokenizer(str(tmp_path))
+    other.chat_template = None
+    with pytest.raises(UserError, match="no chat template"):
+        tokenize_dataset(bundled_rows("chat", 2), other, "chat", 256)
+    other.chat_template = STRICT
+    rows = [{"messages": [{"role": "assistant", "content": "hi"}]}, bundled_rows("chat", 1)[0]]
+    with pytest.raises(UserError, match="row 1: the chat template rejected this conversation: alternate"):
+        tokenize_dataset(rows, other, "chat", 256)

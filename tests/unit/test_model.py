@@ -127,3 +127,10 @@ def test_broken_model_dirs_are_user_errors(tmp_path, setup, pattern):
         load_model(str(tmp_path))
     with pytest.raises(UserError, match="no such directory"):
         load_model(str(tmp_path / "missing"))
+
+
+def test_model_dir_without_tokenizer_files_is_a_user_error(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(UserError, match="cannot load a tokenizer") as caught:
+        load_tokenizer(str(tmp_path))
+    assert "save_pretrained" in caught.value.fix
