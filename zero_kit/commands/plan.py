@@ -1,15 +1,289 @@
-"""`zero-kit plan` (not built yet: see the open issue)."""
+"""`zero-kit plan`: which of DDP, FSDP2, ZeRO-0..3 and the offload variants fit a LLaMA-style model on given
+GPUs, and which is expected fastest. Reads the model's config.json (or a known shape, or --params), prints a
+table in GiB (or --json in bytes), and with -o writes the DeepSpeed config of the recommended option."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 from zero_kit.errors import UserError
+from zero_kit.options import add_dataclass_arguments, dataclass_from_args
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    model: str | None = None
+    """Local Hugging Face model directory (its config.json is read) or a known shape such as llama-3-8b."""
+    params: str | None = None
+    """Parameter count instead of --model, e.g. 8e9, 7B or 70b; dimensions default to the closest known shape."""
+    hidden_size: int | None = None
+    """With --params: hidden size h."""
+    layers: int | None = None
+    """With --params: number of decoder layers L."""
+    heads: int | None = None
+    """With --params: attention heads (default h/128)."""
+    kv_heads: int | None = None
+    """With --params: key/value heads for grouped-query attention (default: --heads)."""
+    intermediate_size: int | None = None
+    """With --params: MLP intermediate size (default about 8h/3, rounded up to 256)."""
+    vocab: int | None = None
+    """With --params: vocabulary size (default 32000)."""
+    gpu_mem: str | None = None
+    """Memory of one GPU: 80GB (10^9 bytes), 80GiB or 80G (2^30 bytes). Required."""
+    gpus_per_node: int = 1
+    """GPUs per node."""
+    nodes: int = 1
+    """Number of nodes."""
+    host_mem: str | None = None
+    """Host RAM per node (same units as --gpu-mem); checks that offload fits. Unchecked when left out."""
+    inter_node_gbps: float | None = None
+    """Inter-node bandwidth in Gbit/s; below 100, options sending fewer bytes rank first."""
+    seq_len: int = 2048
+    """Sequence length in tokens."""
+    micro_batch: int = 1
+    """Micro batch per GPU."""
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    """Training precision: bf16/fp16 mixed precision with fp32 Adam states, or plain fp32."""
+    lora_r: int | None = None
+    """LoRA rank: frozen base weights (16-bit) plus adapters on every linear of each block."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer in backward instead of keeping its activations."""
+    margin: float = 0.10
+    """Fraction of GPU memory kept free for spikes and fragmentation."""
+    json: bool = False
+    """Print a JSON object (bytes) instead of the table."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    add_dataclass_arguments(parser, PlanOptions)
+    parser.add_argument(
+        "-o", "--output", metavar="CONFIG", help="write the DeepSpeed JSON config of the recommended option here"
+    )
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?)(B?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str, flag: str) -> int:
+    """80GB -> 80e9 bytes; 80GiB and 80G -> 80 x 2^30 (a bare unit letter is binary, as in `free -g`)."""
+    match = _SIZE.match(text)
+    if not match or not match.group(2):
+        raise UserError(f"{flag} {text!r} is not a size", f"write it like 80GB, 80GiB or 24G, e.g. {flag} 80GB")
+    number, unit, binary, byte = match.groups()
+    power = "KMGT".index(unit.upper()) + 1
+    base = 1000 if (byte and not binary) else 1024
+    return int(float(number) * base**power)
+
+
+def parse_count(text: str) -> int:
+    """8e9, 8B, 8b, 1.1B, 350M -> parameters."""
+    match = re.match(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([KMBT]?)\s*$", text, re.IGNORECASE)
+    if not match:
+        raise UserError(f"--params {text!r} is not a parameter count", "write it like 8e9, 8B or 350M")
+    scale = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}[match.group(2).upper()]
+    return int(float(match.group(1)) * scale)
+
+
+def resolve_model(opts: PlanOptions):
+    """(label, shape, n_params) from --model DIR, --model NAME or --params with optional dimensions."""
+    from zero_kit.accounting import KNOWN_SHAPES, LlamaShape, closest_known_shape, shape_from_hf_config
+
+    if (opts.model is None) == (opts.params is None):
+        raise UserError("give exactly one of --model and --params", "e.g. --model llama-3-8b or --params 8e9")
+    if opts.model is not None:
+        if opts.model.lower() in KNOWN_SHAPES:
+            shape = KNOWN_SHAPES[opts.model.lower()]
+            return opts.model.lower(), shape, shape.n_params
+        config_path = Path(opts.model) / "config.json"
+        if not config_path.is_file():
+            raise UserError(
+                f"--model {opts.model!r} is neither a directory with config.json nor a known shape",
+                f"pass a local model directory or one of: {', '.join(KNOWN_SHAPES)}",
+            )
+        try:
+            shape = shape_from_hf_config(json.loads(config_path.read_text(encoding="utf-8")))
+        except (ValueError, KeyError) as err:
+            raise UserError(f"{config_path}: cannot read a LLaMA-style shape ({err})", "check config.json") from err
+        return str(opts.model), shape, shape.n_params
+    n_params = parse_count(opts.params)
+    if n_params < 1:
+        raise UserError(f"--params must be positive, got {opts.params}", "e.g. --params 8e9")
+    if opts.hidden_size is None and opts.layers is None:
+        name, shape = closest_known_shape(n_params)
+        return f"--params {opts.params} with {name} dimensions", shape, n_params
+    if opts.hidden_size is None or opts.layers is None:
+        raise UserError("--hidden-size and --layers go together", "give both, or neither to use a known shape")
+    h, heads = opts.hidden_size, opts.heads or max(1, opts.hidden_size // 128)
+    inter = opts.intermediate_size or -(-8 * h // 3 // 256) * 256
+    shape = LlamaShape(h, opts.layers, heads, opts.kv_heads or heads, inter, opts.vocab or 32000)
+    return f"--params {opts.params} with the given dimensions", shape, n_params
+
+
+def build_inputs(opts: PlanOptions):
+    from zero_kit.plan import Hardware, Workload
+
+    if opts.gpu_mem is None:
+        raise UserError("--gpu-mem is required", "e.g. --gpu-mem 80GB")
+    for flag, value in (("--gpus-per-node", opts.gpus_per_node), ("--nodes", opts.nodes)):
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1, got {value}", f"pass {flag} 1 or more")
+    for flag, value in (("--seq-len", opts.seq_len), ("--micro-batch", opts.micro_batch)):
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1, got {value}", f"pass {flag} 1 or more")
+    if not 0 <= opts.margin < 1:
+        raise UserError(f"--margin must be in [0, 1), got {opts.margin}", "e.g. --margin 0.1")
+    label, shape, n_params = resolve_model(opts)
+    work = Workload(
+        shape, n_params, opts.seq_len, opts.micro_batch, opts.precision, opts.lora_r, opts.activation_checkpointing
+    )
+    host = parse_size(opts.host_mem, "--host-mem") if opts.host_mem else None
+    hardware = Hardware(
+        parse_size(opts.gpu_mem, "--gpu-mem"), opts.gpus_per_node, opts.nodes, host, opts.inter_node_gbps, opts.margin
+    )
+    return label, work, hardware
 
 
 def run(args: argparse.Namespace) -> int:
-    raise UserError("zero-kit plan is not available in this version yet")
+    from zero_kit.plan import make_plan
+
+    opts = dataclass_from_args(PlanOptions, args)
+    label, work, hardware = build_inputs(opts)
+    plan = make_plan(work, hardware)
+    print(render_json(plan, label) if opts.json else render_text(plan, label))
+    if plan.recommended is None:
+        if not opts.json:
+            print("zero-kit plan: refused: nothing fits (see above)", file=sys.stderr)
+        return 1
+    if args.output:
+        write_config(plan, opts, args.output)
+    return 0
+
+
+def write_config(plan, opts: PlanOptions, path: str) -> None:
+    """The recommended option's DeepSpeed config through the generator (FSDP2 -> ZeRO-3, DDP -> ZeRO-0)."""
+    from zero_kit.ds_config import build_ds_config, dumps
+    from zero_kit.spec import ZeroSpec
+
+    best = plan.recommended
+    stage = {"ddp": 0, "fsdp": 3}.get(best.strategy) or int(best.strategy[-1])
+    if best.strategy in ("ddp", "fsdp"):
+        print(
+            f"zero-kit plan: {best.label} is not DeepSpeed; wrote the nearest ZeRO equivalent, stage {stage}",
+            file=sys.stderr,
+        )
+    spec = ZeroSpec(
+        stage=stage,
+        offload_optimizer="cpu" if best.offload != "none" else "none",
+        offload_param="cpu" if "param" in best.offload else "none",
+        precision=opts.precision,
+        micro_batch=opts.micro_batch,
+        grad_accum=1,
+        world_size=plan.hardware.world_size,
+        hidden_size=plan.work.shape.hidden_size,
+    )
+    Path(path).write_text(dumps(build_ds_config(spec)), encoding="utf-8")
+    print(f"zero-kit plan: wrote {path} (ZeRO stage {stage}, {best.offload} offload)", file=sys.stderr)
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:.1f}"
+
+
+def render_text(plan, label: str) -> str:
+    """Header, one row per option (GiB), the recommendation with reasons, and the per-term breakdown."""
+    w, hw = plan.work, plan.hardware
+    s = w.shape
+    tuning = f"LoRA r={w.lora_r} ({w.trainable_params:,} trainable)" if w.lora_r else "full fine-tune"
+    lines = [
+        f"model: {label}: {w.n_params:,} parameters (h={s.hidden_size}, L={s.layers}, heads={s.heads}/{s.kv_heads} kv,"
+        f" I={s.intermediate_size}, V={s.vocab_size})",
+        f"run: {w.precision}, {tuning}, seq {w.seq_len} x micro batch {w.micro_batch}, activation checkpointing "
+        + ("on" if w.activation_checkpointing else "off"),
+        f"hardware: {hw.nodes} node(s) x {hw.gpus_per_node} GPU(s) = {hw.world_size} ranks, {_gib(hw.gpu_mem)} GiB"
+        f" per GPU, {_gib(hw.usable_gpu_mem)} GiB usable ({hw.margin:.0%} margin), host RAM "
+        + (f"{_gib(hw.host_mem)} GiB per node" if hw.host_mem else "not given (unchecked)"),
+        "",
+        f"{'option':<26}{'fits':<6}{'states':>8}{'activ.':>8}{'buffers':>9}{'total':>8}{'host':>8}{'sent':>8}"
+        "  model states formula (per GPU)",
+    ]
+    for o in plan.options:
+        g = o.gpu_bytes()
+        fits = "yes" if o.fits else ("host" if o.fits_gpu else "no")
+        mark = "*" if o is plan.recommended else " "
+        lines.append(
+            f"{mark}{o.label:<25}{fits:<6}{_gib(g['model_states']):>8}{_gib(g['activations']):>8}"
+            f"{_gib(g['buffers']):>9}{_gib(g['total']):>8}{_gib(o.host_bytes):>8}{_gib(o.comm_bytes_per_step):>8}"
+            f"  {o.states_formula}"
+        )
+    lines.append(
+        "GiB per GPU; host = RAM per node; sent = bytes each rank sends per step; fits: host = GPU yes, host RAM no"
+    )
+    lines.append("")
+    lines.append(f"recommended: {plan.recommended.label}" if plan.recommended else "refused: nothing fits")
+    lines += [f"  - {reason}" for reason in plan.reasons]
+    shown = plan.recommended or min(plan.options, key=lambda o: o.gpu_bytes()["total"])
+    lines += ["", *breakdown(shown)]
+    return "\n".join(lines)
+
+
+def breakdown(option) -> list[str]:
+    """Every term of one option with its formula (Ψ parameters, N ranks, b micro batch, s sequence)."""
+    lines = [f"breakdown for {option.label} (per GPU unless marked host):", f"  {'term':<50}{'GiB':>8}  formula"]
+    groups = (("model states", option.states), ("activations", option.activations), ("buffers", option.buffers))
+    for group, terms in (*groups, ("host RAM per node", option.host)):
+        for name, (value, formula) in terms.items():
+            lines.append(f"  {group + ': ' + name:<50}{_gib(value):>8}  {formula}")
+    lines.append(f"  {'total per GPU':<50}{_gib(option.gpu_bytes()['total']):>8}")
+    return lines
+
+
+def option_json(option) -> dict:
+    return {
+        "strategy": option.strategy,
+        "offload": option.offload,
+        "label": option.label,
+        "fits": option.fits,
+        "fits_gpu": option.fits_gpu,
+        "fits_host": option.fits_host,
+        "gpu_bytes": option.gpu_bytes(),
+        "host_bytes": option.host_bytes,
+        "comm_bytes_per_step": option.comm_bytes_per_step,
+        "model_states_formula": option.states_formula,
+        "terms": {
+            group: {name: {"bytes": value, "formula": formula} for name, (value, formula) in terms.items()}
+            for group, terms in (
+                ("model_states", option.states),
+                ("activations", option.activations),
+                ("buffers", option.buffers),
+                ("host", option.host),
+            )
+        },
+    }
+
+
+def render_json(plan, label: str) -> str:
+    from dataclasses import asdict
+
+    best = plan.recommended
+    document = {
+        "model": {"label": label, "n_params": plan.work.n_params, "shape": asdict(plan.work.shape)},
+        "run": {
+            "precision": plan.work.precision,
+            "seq_len": plan.work.seq_len,
+            "micro_batch": plan.work.micro_batch,
+            "lora_r": plan.work.lora_r,
+            "activation_checkpointing": plan.work.activation_checkpointing,
+        },
+        "hardware": asdict(plan.hardware) | {"world_size": plan.hardware.world_size},
+        "units": "bytes",
+        "options": [option_json(o) for o in plan.options],
+        "recommended": {"strategy": best.strategy, "offload": best.offload, "label": best.label} if best else None,
+        "reasons": plan.reasons,
+    }
+    return json.dumps(document, indent=2)

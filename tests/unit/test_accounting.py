@@ -1,0 +1,189 @@
+"""The shared byte tables: exact parameter counts of known LLaMA shapes (built on the meta device), and model-state
+bytes against DeepSpeed 0.19.8's own estimators, called directly."""
+
+from __future__ import annotations
+
+import pytest
+
+from zero_kit.accounting import (
+    KNOWN_SHAPES,
+    STRATEGIES,
+    closest_known_shape,
+    coefficients,
+    model_state_bytes,
+    shape_from_hf_config,
+)
+from zero_kit.plan import Workload, buffer_terms
+
+# Published totals of the Meta checkpoints.
+PUBLISHED = {
+    "llama-2-7b": 6_738_415_616,
+    "llama-3-8b": 8_030_261_248,
+    "llama-2-70b": 68_976_648_192,
+    "llama-3-70b": 70_553_706_496,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_param_counts_are_exact(name):
+    assert KNOWN_SHAPES[name].n_params == PUBLISHED[name]
+
+
+def _meta_model(shape):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        intermediate_size=shape.intermediate_size,
+        vocab_size=shape.vocab_size,
+        tie_word_embeddings=shape.tie_word_embeddings,
+    )
+    with torch.device("meta"):
+        return LlamaForCausalLM(config), config
+
+
+@pytest.mark.parametrize("name", ["llama-2-7b", "llama-3-8b", "llama-2-70b", "llama-3.2-1b", "tinyllama-1.1b"])
+def test_known_shapes_match_the_real_architecture(name):
+    shape = KNOWN_SHAPES[name]
+    model, config = _meta_model(shape)
+    # parameters() yields a tied embedding once, which is how the checkpoints count it
+    assert sum(p.numel() for p in model.parameters()) == shape.n_params
+    # DeepSpeed's model_to_params: the largest module's own (non-recursive) parameters
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    assert shape.largest_layer_params == largest
+    assert shape_from_hf_config(config.to_dict()) == shape
+
+
+def test_closest_known_shape_by_parameter_count():
+    assert closest_known_shape(8e9)[0] in ("llama-3-8b", "llama-3.1-8b")
+    assert closest_known_shape(70e9)[0] in ("llama-3-70b", "llama-3.1-70b")
+    assert closest_known_shape(1.2e9)[0] == "llama-3.2-1b"
+
+
+# (shape, gpus per node, nodes): 1B to 70B, world sizes 1 to 64
+CASES = [
+    ("llama-3.2-1b", 1, 1),
+    ("tinyllama-1.1b", 2, 1),
+    ("llama-3.2-3b", 4, 1),
+    ("llama-2-7b", 8, 1),
+    ("llama-3-8b", 8, 1),
+    ("llama-3-8b", 1, 1),
+    ("llama-2-13b", 8, 2),
+    ("llama-2-70b", 8, 4),
+    ("llama-3-70b", 8, 8),
+    ("llama-3-70b", 4, 1),
+    ("llama-3.1-405b", 8, 8),
+]
+
+
+def _close(ours: int, theirs: int) -> bool:
+    return abs(ours - theirs) <= 0.01 * theirs
+
+
+@pytest.mark.parametrize("name,gpus,nodes", CASES)
+@pytest.mark.parametrize("offload", [False, True])
+def test_zero2_matches_deepspeed_estimator(name, gpus, nodes, offload):
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    n = KNOWN_SHAPES[name].n_params
+    _, gpu_mem = estimate_zero2_model_states_mem_needs(n, gpus, nodes, cpu_offload=offload)
+    ours = model_state_bytes("zero2", n, gpus * nodes, "bf16", offload_optimizer=offload)
+    assert _close(ours.total, gpu_mem), (ours, gpu_mem)
+
+
+@pytest.mark.parametrize("name,gpus,nodes", CASES)
+@pytest.mark.parametrize("offload", ["none", "optimizer", "optimizer+param"])
+def test_zero3_matches_deepspeed_estimator(name, gpus, nodes, offload):
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    shape = KNOWN_SHAPES[name]
+    n = shape.n_params
+    _, gpu_mem, largest_layer_memory = estimate_zero3_model_states_mem_needs(
+        n,
+        shape.largest_layer_params,
+        gpus,
+        nodes,
+        cpu_offload=offload != "none",
+        cpu_offload_params=offload == "optimizer+param",
+    )
+    ours = model_state_bytes(
+        "zero3",
+        n,
+        gpus * nodes,
+        "bf16",
+        offload_optimizer=offload != "none",
+        offload_param=offload == "optimizer+param",
+    )
+    # DeepSpeed adds the largest layer gathered with its gradient; the planner counts it as a buffer.
+    gathered, _ = buffer_terms("zero3", offload, Workload(shape, n))["largest layer gathered + grad"]
+    assert gathered == largest_layer_memory
+    assert _close(ours.total + gathered, gpu_mem), (ours, gathered, gpu_mem)
+
+
+def test_deepspeed_all_live_estimators_go_through_the_count_functions():
+    """The `_all_live` variants only take a model to count Ψ and then call the functions tested above."""
+    import inspect
+
+    from deepspeed.runtime.zero import stage3, stage_1_and_2
+
+    assert "estimate_zero2_model_states_mem_needs_all_cold" in inspect.getsource(
+        stage_1_and_2.estimate_zero2_model_states_mem_needs_all_live
+    )
+    assert "estimate_zero3_model_states_mem_needs(" in inspect.getsource(
+        stage3.estimate_zero3_model_states_mem_needs_all_cold
+    )
+
+
+# Measured with 2 CPU ranks (gloo), fp32, the tiny LLaMA, bytes of every live tensor just before optimizer.step():
+# ddp 16Ψ, fsdp 16Ψ/N, zero0 16Ψ, zero1 and zero2 4Ψ + 16Ψ/N, zero3 20Ψ/N (see the module docstring).
+@pytest.mark.parametrize(
+    "strategy,replicated,partitioned",
+    [("ddp", 16, 0), ("fsdp", 0, 16), ("zero0", 16, 0), ("zero1", 4, 16), ("zero2", 4, 16), ("zero3", 0, 20)],
+)
+def test_fp32_tables_are_what_the_backends_keep(strategy, replicated, partitioned):
+    n, world = 3_148_224, 2
+    states = model_state_bytes(strategy, n, world, "fp32")
+    assert states.total == replicated * n + partitioned * n // world
+
+
+def test_mixed_precision_follows_the_paper_where_deepspeed_does():
+    n, world = 1_000_000, 8
+    assert model_state_bytes("ddp", n, world, "bf16").total == 16 * n
+    assert model_state_bytes("fsdp", n, world, "bf16").total == 16 * n // world
+    assert model_state_bytes("zero0", n, world, "fp16").formula == "16Ψ"
+    assert model_state_bytes("zero2", n, world, "bf16").formula == "2Ψ + 18Ψ/N"
+    assert model_state_bytes("zero3", n, world, "bf16").formula == "18Ψ/N"
+
+
+def test_offload_moves_states_to_host():
+    n, world = 8_000_000, 8
+    states = model_state_bytes("zero3", n, world, "bf16", offload_optimizer=True)
+    assert (states.params, states.grads, states.optimizer) == (2 * n // world, 0, 0)
+    assert states.host_total == 16 * n // world and states.host_formula == "16Ψ/N"
+    both = model_state_bytes("zero3", n, world, "bf16", offload_optimizer=True, offload_param=True)
+    assert both.total == 0 and both.host_total == 18 * n // world
+    assert both.all_bytes == both.host_total
+
+
+def test_lora_keeps_frozen_weights_and_adapter_states():
+    n, trainable, world = 8_000_000, 40_000, 4
+    zero2 = model_state_bytes("zero2", n, world, "bf16", trainable_params=trainable)
+    assert zero2.params == 2 * (n - trainable) + 2 * trainable
+    assert zero2.grads == 6 * trainable // world and zero2.optimizer == 12 * trainable // world
+    assert zero2.formula == "2Ψf + 2Ψt + 18Ψt/N"
+    zero3 = model_state_bytes("zero3", n, world, "bf16", trainable_params=trainable)
+    assert zero3.params == 2 * n // world
+
+
+def test_every_strategy_has_a_row_and_bad_names_are_refused():
+    for strategy in STRATEGIES:
+        assert model_state_bytes(strategy, 1000, 2, "bf16").total > 0
+        assert coefficients(strategy, "fp32").optimizer != (0, 0)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        model_state_bytes("zero4", 1000, 2, "bf16")
+    with pytest.raises(ValueError, match="parameter offload"):
+        model_state_bytes("zero2", 1000, 2, "bf16", offload_optimizer=True, offload_param=True)

@@ -1,0 +1,99 @@
+"""`zero-kit plan` through the real CLI entry: the table, --json's shape, -o writing a config, refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zero_kit.cli import main
+
+
+def _run(capsys, *argv):
+    code = main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_table_for_the_readme_case(capsys):
+    code, out, _ = _run(capsys, "--params", "8e9", "--gpu-mem", "80GB", "--gpus-per-node", "8")
+    assert code == 0
+    assert "recommended: zero2" in out
+    rows = {
+        line[1:].split()[0]: line[1:].split()[1]
+        for line in out.splitlines()
+        if line[:1] in (" ", "*") and line[1:2].isalpha()
+    }
+    assert rows["ddp"] == "no" and rows["zero2"] == "yes" and rows["zero3"] == "yes" and rows["fsdp"] == "yes"
+    assert "2Ψ + 18Ψ/N" in out and "breakdown for zero2" in out
+
+
+def test_json_shape(capsys):
+    code, out, _ = _run(capsys, "--model", "llama-3-8b", "--gpu-mem", "80GiB", "--gpus-per-node", "8", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["model"]["n_params"] == 8_030_261_248
+    assert len(doc["options"]) == 9
+    for option in doc["options"]:
+        assert {"strategy", "offload", "fits", "gpu_bytes", "host_bytes"} <= option.keys()
+        parts = option["gpu_bytes"]
+        assert parts["total"] == parts["model_states"] + parts["activations"] + parts["buffers"]
+    assert doc["recommended"]["strategy"] in ("zero1", "zero2")
+    fitting = {(o["strategy"], o["offload"]) for o in doc["options"] if o["fits"]}
+    assert (doc["recommended"]["strategy"], doc["recommended"]["offload"]) in fitting
+
+
+def test_output_writes_the_recommended_deepspeed_config(capsys, tmp_path):
+    path = tmp_path / "ds.json"
+    argv = ["--model", "llama-3-70b", "--gpu-mem", "80GB", "--gpus-per-node", "8", "--activation-checkpointing"]
+    code, _, err = _run(capsys, *argv, "-o", str(path))
+    assert code == 0, err
+    config = json.loads(path.read_text())
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_optimizer"]["device"] == "cpu"
+    assert zero["reduce_bucket_size"] == 8192 * 8192
+    assert config["train_batch_size"] == 8 and config["bf16"]["enabled"] is True
+
+
+def test_model_directory_is_read(capsys, tmp_path):
+    from zero_kit.model import tiny_llama_config
+
+    tiny_llama_config().save_pretrained(tmp_path)
+    code, out, _ = _run(capsys, "--model", str(tmp_path), "--gpu-mem", "24G", "--json")
+    assert code == 0
+    assert json.loads(out)["model"]["shape"]["hidden_size"] == tiny_llama_config().hidden_size
+
+
+def test_nothing_fits_is_refused_with_numbers(capsys):
+    code, out, err = _run(capsys, "--model", "llama-3-70b", "--gpu-mem", "24GB", "--host-mem", "64GB")
+    assert code == 1
+    assert "refused" in out and "short by" in out and "Would fit" in out
+    assert "nothing fits" in err
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--params", "8e9"], "--gpu-mem is required"),
+        (["--params", "8e9", "--gpu-mem", "eighty"], "is not a size"),
+        (["--params", "lots", "--gpu-mem", "80GB"], "not a parameter count"),
+        (["--model", "no-such-model", "--gpu-mem", "80GB"], "neither a directory"),
+        (["--gpu-mem", "80GB"], "exactly one of --model and --params"),
+        (["--params", "8e9", "--hidden-size", "4096", "--gpu-mem", "80GB"], "go together"),
+        (["--params", "8e9", "--gpu-mem", "80GB", "--nodes", "0"], "--nodes must be at least 1"),
+    ],
+)
+def test_user_mistakes_are_named(capsys, argv, message):
+    code, _, err = _run(capsys, *argv)
+    assert code == 2
+    assert message in err and "Traceback" not in err
+
+
+def test_sizes_and_counts():
+    from zero_kit.commands.plan import parse_count, parse_size
+
+    assert parse_size("80GB", "--gpu-mem") == 80 * 10**9
+    assert parse_size("80GiB", "--gpu-mem") == parse_size("80G", "--gpu-mem") == 80 * 2**30
+    assert parse_size("1.5TB", "--host-mem") == 1_500 * 10**9
+    assert parse_count("8e9") == parse_count("8B") == 8 * 10**9
+    assert parse_count("350m") == 350 * 10**6

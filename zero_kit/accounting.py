@@ -1,0 +1,289 @@
+"""Bytes per parameter: the ONE place that says how many bytes of parameters, gradients and optimizer
+state each rank holds, per strategy and precision. `zero-kit plan` and the benchmark's accounting both
+call `model_state_bytes`, so a prediction and a measurement are always compared against the same formula.
+
+Ψ is the parameter count, N the data-parallel world size. Mixed precision (bf16/fp16) follows the ZeRO
+paper's Adam accounting as DeepSpeed 0.19.8 really allocates it; its own estimators
+(`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`) give the same totals:
+
+    ZeRO-2: 2Ψ (16-bit params) + 18Ψ/N (2 16-bit grads + 4 fp32 grads + 4 fp32 master + 8 Adam m, v)
+    ZeRO-3: 18Ψ/N (2 params + 2 grads + 12 optimizer, all partitioned, + 2 for the fp32 gradient copy that
+            exists for one optimizer sub-group at a time: DeepSpeed's estimator charges it 2Ψ/N)
+
+fp32 is what the backends keep when nothing is 16-bit, measured on 2 CPU ranks (gloo) with the tiny LLaMA:
+DeepSpeed still keeps a separate fp32 master partition (so ZeRO-3 fp32 is 20Ψ/N, not 16Ψ/N), and ZeRO-1 in
+0.19.8 accumulates gradients straight into an fp32 partition, exactly like ZeRO-2. DDP and FSDP2 train in
+fp32 parameters (autocast for bf16/fp16), so their states are 4 + 4 + 8 bytes per parameter, replicated
+(DDP) or sharded (FSDP2). Bucket and gathered-layer buffers are not model states: see `zero_kit.plan`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STRATEGIES = ("ddp", "fsdp", "zero0", "zero1", "zero2", "zero3")
+PRECISIONS = ("bf16", "fp16", "fp32")
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+FP32 = 4
+ADAM_MOMENTS = 8  # exp_avg + exp_avg_sq, always fp32
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Per-rank bytes of model states. `params`/`grads`/`optimizer` live on the accelerator; `host_*` are the
+    parts offloaded to CPU RAM (zero when nothing is offloaded). Optimizer includes the fp32 master copy."""
+
+    params: int
+    grads: int
+    optimizer: int
+    formula: str
+    host_params: int = 0
+    host_grads: int = 0
+    host_optimizer: int = 0
+    host_formula: str = ""
+    part_formulas: tuple[str, ...] = ("", "", "")
+    """Formulas of params, grads and optimizer, in that order."""
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def host_total(self) -> int:
+        return self.host_params + self.host_grads + self.host_optimizer
+
+    @property
+    def all_bytes(self) -> int:
+        """Accelerator plus host: what a CPU-only run (where both are RAM) measures."""
+        return self.total + self.host_total
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """Bytes per parameter of each state: (replicated on every rank, partitioned over N)."""
+
+    params: tuple[int, int]
+    grads: tuple[int, int]
+    optimizer: tuple[int, int]
+
+
+def coefficients(strategy: str, precision: str) -> Coefficients:
+    """The byte table: one row per strategy, for 16-bit mixed precision or fp32."""
+    check_strategy(strategy, precision)
+    low = DTYPE_BYTES[precision]
+    master_and_moments = FP32 + ADAM_MOMENTS  # DeepSpeed keeps an fp32 master even when params are fp32
+    # fp32: gradients accumulate in one fp32 partition. 16-bit: the reduced 16-bit partition, plus the fp32 copy
+    # the optimizer steps on (DeepSpeed's estimator charges 4Ψ/N for it at ZeRO-1/2 and 2Ψ/N at ZeRO-3, where it
+    # exists for one optimizer sub-group at a time).
+    sharded_grads = FP32 if precision == "fp32" else low + FP32
+    zero3_grads = FP32 if precision == "fp32" else low + 2
+    match strategy:
+        case "ddp":
+            return Coefficients((FP32, 0), (FP32, 0), (ADAM_MOMENTS, 0))
+        case "fsdp":
+            return Coefficients((0, FP32), (0, FP32), (0, ADAM_MOMENTS))
+        case "zero0":
+            if precision == "fp32":  # DeepSpeed hands the plain torch optimizer the fp32 params
+                return Coefficients((FP32, 0), (FP32, 0), (ADAM_MOMENTS, 0))
+            # BF16_Optimizer / FP16_Optimizer: 16-bit params and grads, fp32 master + moments
+            return Coefficients((low, 0), (low, 0), (master_and_moments, 0))
+        case "zero1" | "zero2":
+            return Coefficients((low, 0), (0, sharded_grads), (0, master_and_moments))
+        case "zero3":
+            return Coefficients((0, low), (0, zero3_grads), (0, master_and_moments))
+    raise AssertionError(strategy)  # check_strategy already refused it
+
+
+def check_strategy(strategy: str, precision: str) -> None:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose from {list(STRATEGIES)}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose from {list(PRECISIONS)}")
+
+
+def _per_rank(pair: tuple[int, int], n_params: int, world_size: int) -> int:
+    replicated, partitioned = pair
+    # DeepSpeed pads each partition up to a multiple of N; ceil keeps the prediction on the safe side.
+    return replicated * n_params + partitioned * -(-n_params // world_size)
+
+
+def model_state_bytes(
+    strategy: str,
+    n_params: int,
+    world_size: int,
+    precision: str,
+    *,
+    offload_optimizer: bool = False,
+    offload_param: bool = False,
+    trainable_params: int | None = None,
+) -> StateBytes:
+    """Per-rank bytes of parameters, gradients and optimizer state for one strategy.
+
+    Offloading the optimizer (ZeRO-1/2/3) moves the fp32 gradients, master and Adam moments to host RAM; the
+    16-bit gradient partition is copied out bucket by bucket, so only buckets stay (counted as buffers).
+    Offloading parameters (ZeRO-3) moves the 16-bit parameter partition too. With `trainable_params`
+    (LoRA), the other parameters are frozen: they keep only their weights (16-bit under mixed precision),
+    partitioned by ZeRO-3 and FSDP2, and only the trainable ones carry gradients and optimizer state.
+    """
+    if world_size < 1 or n_params < 0:
+        raise ValueError(f"need world_size >= 1 and n_params >= 0, got {world_size}, {n_params}")
+    if offload_param and (strategy != "zero3" or not offload_optimizer):
+        raise ValueError("parameter offload needs zero3 with optimizer offload")
+    if offload_optimizer and strategy not in ("zero1", "zero2", "zero3"):
+        raise ValueError(f"optimizer offload needs ZeRO-1/2/3, not {strategy}")
+    trainable = n_params if trainable_params is None else trainable_params
+    if not 0 <= trainable <= n_params:
+        raise ValueError(f"trainable_params {trainable} must be between 0 and n_params {n_params}")
+    table = coefficients(strategy, precision)
+    frozen = n_params - trainable
+    frozen_pair = _frozen_pair(strategy, precision)
+
+    params = _per_rank(table.params, trainable, world_size) + _per_rank(frozen_pair, frozen, world_size)
+    grads = _per_rank(table.grads, trainable, world_size)
+    optimizer = _per_rank(table.optimizer, trainable, world_size)
+    host = [0, 0, 0]
+    host_pairs = [(0, 0), (0, 0), (0, 0)]
+    if offload_optimizer:
+        # The host keeps a whole fp32 gradient partition for CPU Adam; 16-bit gradients only pass through buckets.
+        host = [0, _per_rank((0, FP32), trainable, world_size), optimizer]
+        host_pairs = [(0, 0), (0, FP32), table.optimizer]
+        grads, optimizer = 0, 0
+    if offload_param:
+        host[0], params = params, 0
+        host_pairs[0] = table.params
+    gpu_pairs = _gpu_pairs(table, offload_optimizer, offload_param)
+    lora = trainable_params is not None
+    return StateBytes(
+        params=params,
+        grads=grads,
+        optimizer=optimizer,
+        formula=_formula(gpu_pairs, frozen_pair if not offload_param else (0, 0), lora),
+        host_params=host[0],
+        host_grads=host[1],
+        host_optimizer=host[2],
+        host_formula=_formula(host_pairs, frozen_pair if offload_param else (0, 0), lora) if any(host) else "",
+        part_formulas=tuple(
+            _formula([pair], frozen_pair if i == 0 else (0, 0), lora) for i, pair in enumerate(gpu_pairs)
+        ),
+    )
+
+
+def _frozen_pair(strategy: str, precision: str) -> tuple[int, int]:
+    """Bytes per frozen (LoRA base) parameter: the weight only, in the compute dtype, sharded where params are."""
+    weight = DTYPE_BYTES[precision]
+    return (0, weight) if strategy in ("zero3", "fsdp") else (weight, 0)
+
+
+def _gpu_pairs(table: Coefficients, offload_optimizer: bool, offload_param: bool) -> list[tuple[int, int]]:
+    pairs = [table.params, table.grads, table.optimizer]
+    if offload_optimizer:
+        pairs[1], pairs[2] = (0, 0), (0, 0)
+    if offload_param:
+        pairs[0] = (0, 0)
+    return pairs
+
+
+def _terms(replicated: int, partitioned: int, symbol: str) -> list[str]:
+    return [t for c, t in ((replicated, f"{replicated}{symbol}"), (partitioned, f"{partitioned}{symbol}/N")) if c]
+
+
+def _formula(pairs: list[tuple[int, int]], frozen_pair: tuple[int, int], lora: bool) -> str:
+    """ "2Ψ + 18Ψ/N"; with LoRA the frozen (Ψf) and trainable (Ψt) parameters are written apart."""
+    replicated, partitioned = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+    if not lora:
+        return " + ".join(_terms(replicated, partitioned, "Ψ")) or "0"
+    parts = _terms(*frozen_pair, "Ψf") + _terms(replicated, partitioned, "Ψt")
+    return " + ".join(parts) or "0"
+
+
+def lora_trainable_params(hidden_size: int, layers: int, rank: int, kv_size: int, intermediate: int) -> int:
+    """LoRA adapter parameters on every linear of each block (q, k, v, o, gate, up, down): r x (in + out) each."""
+    per_layer = (
+        (hidden_size + hidden_size)  # q
+        + 2 * (hidden_size + kv_size)  # k, v
+        + (hidden_size + hidden_size)  # o
+        + 2 * (hidden_size + intermediate)  # gate, up
+        + (intermediate + hidden_size)  # down
+    )
+    return rank * per_layer * layers
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    """The dimensions of a LLaMA-architecture decoder that decide its parameter count and activations."""
+
+    hidden_size: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.heads
+
+    @property
+    def kv_size(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def block_params(self) -> int:
+        """One decoder layer: q, k, v, o projections, SwiGLU MLP (gate, up, down), two RMSNorm weights."""
+        h, q = self.hidden_size, self.heads * self.head_dim
+        return h * q + 2 * h * self.kv_size + q * h + 3 * h * self.intermediate_size + 2 * h
+
+    @property
+    def n_params(self) -> int:
+        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return embeddings + self.layers * self.block_params + self.hidden_size
+
+    @property
+    def largest_layer_params(self) -> int:
+        """The biggest single module's own parameters, as DeepSpeed's `model_to_params` counts (embedding or MLP)."""
+        h = self.hidden_size
+        return max(self.vocab_size * h, h * self.intermediate_size, h * self.heads * self.head_dim)
+
+
+def _llama2(h: int, layers: int, heads: int, kv: int, inter: int) -> LlamaShape:
+    return LlamaShape(h, layers, heads, kv, inter, 32000)
+
+
+def _llama3(h: int, layers: int, heads: int, kv: int, inter: int, tied: bool = False) -> LlamaShape:
+    return LlamaShape(h, layers, heads, kv, inter, 128256, tied)
+
+
+# Published config.json values of the Meta checkpoints (3.1 shares 3's shapes).
+KNOWN_SHAPES: dict[str, LlamaShape] = {
+    "tinyllama-1.1b": LlamaShape(2048, 22, 32, 4, 5632, 32000),
+    "llama-2-7b": _llama2(4096, 32, 32, 32, 11008),
+    "llama-2-13b": _llama2(5120, 40, 40, 40, 13824),
+    "llama-2-70b": _llama2(8192, 80, 64, 8, 28672),
+    "llama-3.2-1b": _llama3(2048, 16, 32, 8, 8192, tied=True),
+    "llama-3.2-3b": _llama3(3072, 28, 24, 8, 8192, tied=True),
+    "llama-3-8b": _llama3(4096, 32, 32, 8, 14336),
+    "llama-3.1-8b": _llama3(4096, 32, 32, 8, 14336),
+    "llama-3-70b": _llama3(8192, 80, 64, 8, 28672),
+    "llama-3.1-70b": _llama3(8192, 80, 64, 8, 28672),
+    "llama-3.1-405b": _llama3(16384, 126, 128, 8, 53248),
+}
+
+
+def closest_known_shape(n_params: int) -> tuple[str, LlamaShape]:
+    """The known shape nearest in parameter count (by ratio), to stand in for dimensions the user did not give."""
+    return min(KNOWN_SHAPES.items(), key=lambda item: abs(item[1].n_params / n_params - 1))
+
+
+def shape_from_hf_config(config: dict) -> LlamaShape:
+    """A LlamaShape from a Hugging Face config.json (llama, mistral, qwen2 keys); KeyError names a missing key."""
+    heads = config["num_attention_heads"]
+    return LlamaShape(
+        hidden_size=config["hidden_size"],
+        layers=config["num_hidden_layers"],
+        heads=heads,
+        kv_heads=config.get("num_key_value_heads") or heads,
+        intermediate_size=config["intermediate_size"],
+        vocab_size=config["vocab_size"],
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+    )

@@ -1,0 +1,421 @@
+"""Memory model per GPU and per host for every way zero_kit can train a LLaMA-style model, and the
+recommendation of `zero-kit plan`. Pure arithmetic: model states come from `zero_kit.accounting` (the byte
+tables shared with the benchmark), buckets from `zero_kit.ds_config.bucket_sizes`; nothing is launched.
+
+Each term is a (bytes, formula) pair so the CLI can print the number beside how it was computed.
+Stated constants (not measured on this machine, which has no GPU):
+  CUDA context + NCCL communicators 1 GiB per GPU; allocator slack 5% of everything else;
+  host baseline 2 GiB per rank (Python, torch, CUDA libraries); a safety margin of 10% of GPU memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from zero_kit.accounting import DTYPE_BYTES, LlamaShape, lora_trainable_params, model_state_bytes
+from zero_kit.ds_config import bucket_sizes
+
+GIB = 2**30
+CUDA_CONTEXT_BYTES = 1 * GIB
+ALLOCATOR_SLACK = 0.05
+HOST_BASELINE_PER_RANK = 2 * GIB
+CHECKPOINT_SHARD_BYTES = 5 * GIB  # HF checkpoints are saved in shards of at most ~5 GB
+SLOW_LINK_GBPS = 100.0  # below this, inter-node bytes dominate step time more than offload does
+
+# (strategy, offload) in the order shown; offload is "none", "optimizer" or "optimizer+param".
+OPTIONS = (
+    ("ddp", "none"),
+    ("fsdp", "none"),
+    ("zero0", "none"),
+    ("zero1", "none"),
+    ("zero2", "none"),
+    ("zero3", "none"),
+    ("zero2", "optimizer"),
+    ("zero3", "optimizer"),
+    ("zero3", "optimizer+param"),
+)
+OFFLOAD_LEVEL = {"none": 0, "optimizer": 1, "optimizer+param": 2}
+
+
+@dataclass(frozen=True)
+class Workload:
+    shape: LlamaShape
+    n_params: int
+    seq_len: int = 2048
+    micro_batch: int = 1
+    precision: str = "bf16"
+    lora_r: int | None = None
+    activation_checkpointing: bool = False
+
+    @property
+    def trainable_params(self) -> int | None:
+        if not self.lora_r:
+            return None
+        s = self.shape
+        return lora_trainable_params(s.hidden_size, s.layers, self.lora_r, s.kv_size, s.intermediate_size)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpu_mem: int
+    gpus_per_node: int = 1
+    nodes: int = 1
+    host_mem: int | None = None
+    inter_node_gbps: float | None = None
+    margin: float = 0.10
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def usable_gpu_mem(self) -> int:
+        return int(self.gpu_mem * (1 - self.margin))
+
+
+Terms = dict[str, tuple[int, str]]
+
+
+@dataclass
+class Option:
+    strategy: str
+    offload: str
+    states: Terms
+    activations: Terms
+    buffers: Terms
+    host: Terms
+    comm_bytes_per_step: int
+    states_formula: str
+    fits_gpu: bool = False
+    fits_host: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        suffix = {"none": "", "optimizer": "+opt-offload", "optimizer+param": "+opt+param-offload"}[self.offload]
+        return self.strategy + suffix
+
+    def gpu_bytes(self) -> dict[str, int]:
+        parts = {
+            "model_states": _sum(self.states),
+            "activations": _sum(self.activations),
+            "buffers": _sum(self.buffers),
+        }
+        return {**parts, "total": sum(parts.values())}
+
+    @property
+    def host_bytes(self) -> int:
+        return _sum(self.host)
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_gpu and self.fits_host is not False
+
+
+def _sum(terms: Terms) -> int:
+    return sum(value for value, _ in terms.values())
+
+
+def activation_terms(work: Workload) -> Terms:
+    """Bytes saved for backward per GPU (b micro batch, s sequence, h hidden, I intermediate, V vocab, L layers).
+
+    Per layer, with SDPA/flash attention (no s^2 scores are stored): two RMSNorms keep an fp32 copy of their
+    input plus the 16-bit normalised output (2 x (4 + a) bsh); q and the o_proj input (2 x a bsh) plus the
+    attention output and its reshaped copy; k, v (2 x a bs h_kv); the shared projection inputs; the SwiGLU
+    MLP keeps gate, silu(gate), up and their product (4 x a bsI). a = 2 bytes in bf16/fp16, 4 in fp32.
+    With checkpointing only each layer's input (a bsh) is kept and one layer is recomputed at a time.
+    The loss upcasts the logits to fp32 and keeps log-softmax and its gradient: bsV x (a + 4 + 4 + 4) (fp32: 12).
+    """
+    s = work.shape
+    a = DTYPE_BYTES[work.precision]
+    bs = work.micro_batch * work.seq_len
+    h, inter, vocab, layers = s.hidden_size, s.intermediate_size, s.vocab_size, s.layers
+    per_layer = bs * (2 * (4 + a) * h + 5 * a * h + 2 * a * s.kv_size + 4 * a * inter)
+    layer_formula = f"bs[2(4+{a})h + {5 * a}h + {2 * a}h_kv + {4 * a}I]"
+    logits_bytes = bs * vocab * (12 if a == 4 else a + 12)
+    terms: Terms = {}
+    if work.activation_checkpointing:
+        terms["checkpointed layer inputs"] = (layers * bs * a * h, f"L x {a}bsh")
+        terms["one layer recomputed"] = (per_layer, layer_formula)
+    else:
+        terms["saved activations, all layers"] = (layers * per_layer, f"L x {layer_formula}")
+    # Gradients of activations flowing back through one layer are about as large as what it saved.
+    terms["backward working set (one layer)"] = (per_layer, layer_formula)
+    terms["logits + fp32 loss"] = (logits_bytes, f"bsV x {12 if a == 4 else a + 12}")
+    return terms
+
+
+def state_terms(strategy: str, offload: str, work: Workload, world_size: int) -> tuple[Terms, Terms, str]:
+    """GPU and host model-state terms and the GPU total's formula, from the shared byte tables."""
+    states = model_state_bytes(
+        strategy,
+        work.n_params,
+        world_size,
+        work.precision,
+        offload_optimizer=offload != "none",
+        offload_param=offload == "optimizer+param",
+        trainable_params=work.trainable_params,
+    )
+    params_formula, grads_formula, optimizer_formula = states.part_formulas
+    gpu = {
+        "parameters": (states.params, params_formula),
+        "gradients": (states.grads, grads_formula),
+        "optimizer (fp32 master + Adam)": (states.optimizer, optimizer_formula),
+    }
+    host = {"offloaded states": (states.host_total, states.host_formula)} if states.host_total else {}
+    return gpu, host, states.formula
+
+
+def buffer_terms(strategy: str, offload: str, work: Workload) -> Terms:
+    """Working buffers besides states and activations: buckets, gathered layers, CUDA context."""
+    s = work.shape
+    a = DTYPE_BYTES[work.precision]
+    buckets = bucket_sizes(s.hidden_size)
+    reduce_bucket = buckets["reduce_bucket_size"]
+    terms: Terms = {"CUDA context + NCCL": (CUDA_CONTEXT_BYTES, "1 GiB, stated")}
+    trainable = work.trainable_params or work.n_params
+    if strategy == "ddp":
+        # Default DDP copies gradients into flat fp32 buckets; autocast caches 16-bit copies of the weights.
+        terms["DDP gradient buckets"] = (4 * trainable, "4Ψ (gradient_as_bucket_view=False)")
+        if a == 2:
+            terms["autocast weight cache"] = (2 * work.n_params, "2Ψ")
+    elif strategy == "fsdp":
+        root = s.vocab_size * s.hidden_size * (1 if s.tie_word_embeddings else 2)
+        # The root (embeddings, lm_head) stays unsharded from forward to backward; blocks are gathered one
+        # at a time with the next one prefetched; unsharded grads of one block wait for reduce-scatter.
+        terms["root params + grads unsharded"] = (root * 2 * a, f"Vh x {2 * a}")
+        terms["2 blocks gathered + 1 block grads"] = (3 * s.block_params * a, f"3 x block x {a}")
+    elif strategy in ("zero0", "zero1", "zero2"):
+        grad_bytes = 4 if strategy == "zero1" else a  # ZeRO-1 stages its bucket in fp32
+        terms["reduce buckets (x2, overlap_comm)"] = (2 * reduce_bucket * grad_bytes, f"2 x h² x {grad_bytes}")
+        if offload != "none":
+            terms["offload staging (largest param)"] = (s.largest_layer_params * a, f"largest layer x {a}")
+    else:
+        terms["largest layer gathered + grad"] = (s.largest_layer_params * 2 * a, f"largest layer x {2 * a}")
+        terms["one block gathered"] = (s.block_params * a, f"block x {a}")
+        terms["prefetch bucket"] = (buckets["stage3_prefetch_bucket_size"] * a, f"0.9h² x {a}")
+        terms["reduce buckets (x2)"] = (2 * reduce_bucket * a, f"2 x h² x {a}")
+        terms["persistent small params"] = ((2 * s.layers + 1) * s.hidden_size * a, f"(2L+1)h x {a}")
+    return terms
+
+
+def host_terms(strategy: str, offload_host: Terms, work: Workload, hardware: Hardware) -> Terms:
+    """Host RAM per node: baseline per rank plus the larger of loading the model and training with offload."""
+    a = DTYPE_BYTES[work.precision]
+    ranks = hardware.gpus_per_node
+    n = work.n_params
+    terms: Terms = {"baseline per rank": (ranks * HOST_BASELINE_PER_RANK, f"{ranks} x 2 GiB")}
+    if strategy == "zero3":  # zero.Init partitions while loading: one shard plus each rank's partition
+        load = (ranks * (a * n // hardware.world_size) + CHECKPOINT_SHARD_BYTES, f"{ranks} x {a}Ψ/N + 5 GiB shard")
+    else:  # every rank materialises the whole 16-bit model before moving it to the GPU
+        load = (ranks * a * n, f"{ranks} x {a}Ψ")
+    offloaded = _sum(offload_host) * ranks
+    if offloaded > load[0]:
+        formula = next(iter(offload_host.values()))[1]
+        terms["offloaded states, pinned (per node)"] = (offloaded, f"{ranks} x ({formula})")
+    else:
+        terms["loading the model"] = load
+    return terms
+
+
+def export_host_bytes(work: Workload) -> tuple[int, str]:
+    """Consolidating a ZeRO checkpoint into fp32 weights (zero_to_fp32) holds the full fp32 model on one host."""
+    return 4 * work.n_params + HOST_BASELINE_PER_RANK, "4Ψ + 2 GiB"
+
+
+def comm_bytes_per_step(strategy: str, work: Workload) -> int:
+    """Bytes each rank sends per optimizer step (ring collectives, ignoring the (N-1)/N factor).
+
+    DDP all-reduces fp32 gradients (2 x 4Ψ); ZeRO-0/1/2 move 16-bit gradients and parameters (reduce-scatter +
+    all-gather = 2 x 2Ψ); ZeRO-3 gathers parameters twice (forward, backward) and reduce-scatters gradients
+    (3 x 2Ψ); FSDP2 as zero_kit runs it reduces in fp32 (2Ψ + 2Ψ + 4Ψ). In fp32 every byte count is 4.
+    """
+    n = work.trainable_params or work.n_params
+    gathered = work.n_params  # frozen LoRA weights are still gathered by ZeRO-3 / FSDP2
+    a = DTYPE_BYTES[work.precision]
+    match strategy:
+        case "ddp":
+            return 2 * 4 * n
+        case "zero0" | "zero1" | "zero2":
+            return 2 * a * n
+        case "zero3":
+            return 2 * a * gathered + a * n
+        case "fsdp":
+            return 2 * a * gathered + 4 * n
+    raise ValueError(f"unknown strategy {strategy!r}")
+
+
+def evaluate(strategy: str, offload: str, work: Workload, hardware: Hardware) -> Option:
+    gpu_states, offloaded, formula = state_terms(strategy, offload, work, hardware.world_size)
+    activations = activation_terms(work)
+    buffers = buffer_terms(strategy, offload, work)
+    slack_base = _sum(gpu_states) + _sum(activations) + _sum(buffers)
+    buffers["allocator slack"] = (int(slack_base * ALLOCATOR_SLACK), "5% of the rest")
+    option = Option(
+        strategy,
+        offload,
+        gpu_states,
+        activations,
+        buffers,
+        host_terms(strategy, offloaded, work, hardware),
+        comm_bytes_per_step(strategy, work),
+        formula,
+    )
+    option.fits_gpu = option.gpu_bytes()["total"] <= hardware.usable_gpu_mem
+    if hardware.host_mem is not None:
+        option.fits_host = option.host_bytes <= hardware.host_mem
+    return option
+
+
+def evaluate_all(work: Workload, hardware: Hardware) -> list[Option]:
+    return [evaluate(strategy, offload, work, hardware) for strategy, offload in OPTIONS]
+
+
+def slow_link(hardware: Hardware) -> bool:
+    return hardware.nodes > 1 and hardware.inter_node_gbps is not None and hardware.inter_node_gbps < SLOW_LINK_GBPS
+
+
+def speed_key(option: Option, hardware: Hardware) -> tuple:
+    """Expected fastest first: no offload before offload (PCIe copies and CPU Adam cost more than collectives on a
+    fast fabric), then fewer bytes sent per step, then fewer GPU bytes (room for larger micro batches).
+    On a slow inter-node link the bytes sent come first."""
+    offload = OFFLOAD_LEVEL[option.offload]
+    total = option.gpu_bytes()["total"]
+    if slow_link(hardware):
+        return (option.comm_bytes_per_step, offload, total)
+    return (offload, option.comm_bytes_per_step, total)
+
+
+def recommend(options: list[Option], hardware: Hardware) -> Option | None:
+    fitting = [o for o in options if o.fits]
+    return min(fitting, key=lambda o: speed_key(o, hardware)) if fitting else None
+
+
+@dataclass
+class Plan:
+    work: Workload
+    hardware: Hardware
+    options: list[Option]
+    recommended: Option | None
+    reasons: list[str]
+
+
+def make_plan(work: Workload, hardware: Hardware) -> Plan:
+    options = evaluate_all(work, hardware)
+    best = recommend(options, hardware)
+    reasons = explain(best, options, work, hardware) if best else refusal(options, work, hardware)
+    return Plan(work, hardware, options, best, reasons)
+
+
+def gib(value: int | float) -> str:
+    return f"{value / GIB:.1f} GiB"
+
+
+def _by_label(options: list[Option]) -> dict[str, Option]:
+    return {o.label: o for o in options}
+
+
+def explain(best: Option, options: list[Option], work: Workload, hardware: Hardware) -> list[str]:
+    """Plain-words reasons for the recommendation."""
+    by = _by_label(options)
+    total = best.gpu_bytes()["total"]
+    reasons = [
+        f"{best.label} needs {gib(total)} per GPU of {gib(hardware.usable_gpu_mem)} usable "
+        f"({gib(hardware.gpu_mem)} less a {hardware.margin:.0%} margin), {gib(hardware.usable_gpu_mem - total)} spare."
+    ]
+    unsharded = [by[name] for name in ("ddp", "zero0", "zero1", "zero2")]
+    if best.offload == "none" and best.strategy in ("ddp", "zero0", "zero1", "zero2"):
+        reasons.append(
+            "The parameters fit on every GPU unsharded, so no parameter all-gathers are needed: "
+            f"{best.label} sends {gib(best.comm_bytes_per_step)} per step, against "
+            f"{gib(by['zero3'].comm_bytes_per_step)} for ZeRO-3 and {gib(by['ddp'].comm_bytes_per_step)} for DDP "
+            "(which all-reduces fp32 gradients)."
+        )
+    elif best.offload == "none":
+        reasons.append(
+            "DDP and ZeRO-0/1/2 keep a full copy of the parameters on every GPU and do not fit (the smallest of them "
+            f"needs {gib(min(o.gpu_bytes()['total'] for o in unsharded))}), so parameters must be sharded: "
+            f"{best.label} gathers them in forward and backward, {gib(best.comm_bytes_per_step)} sent per step."
+        )
+    else:
+        no_offload = sorted((o for o in options if o.fits and o.offload == "none"), key=lambda o: o.comm_bytes_per_step)
+        reasons.append(
+            (
+                f"{no_offload[0].label} fits without offload but sends {gib(no_offload[0].comm_bytes_per_step)} per"
+                " step; "
+                if no_offload
+                else "Nothing fits in GPU memory without offload; "
+            )
+            + "offloading moves optimizer states"
+            + (" and parameters" if "param" in best.offload else "")
+            + f" to host RAM ({gib(best.host_bytes)} per node), paid for by PCIe copies every step and Adam on the"
+            " CPU: expect much slower steps than without offload."
+        )
+    if slow_link(hardware):
+        reasons.append(
+            f"The inter-node link ({hardware.inter_node_gbps:g} Gbit/s) is slow, so options sending fewer bytes per"
+            " step rank first, even before avoiding offload."
+        )
+    reasons += _host_warnings(options, hardware)
+    reasons.append(
+        "Ranking: fits with the margin; then no offload before offload; then fewer bytes sent per step; then fewer"
+        " GPU bytes (room for a larger micro batch)."
+    )
+    return reasons
+
+
+def _host_warnings(options: list[Option], hardware: Hardware) -> list[str]:
+    short = [o for o in options if o.fits_gpu and o.fits_host is False and o.offload != "none"]
+    if not short:
+        return []
+    o = min(short, key=lambda x: x.host_bytes)
+    return [
+        f"Host RAM too small for offload: {o.label} would fit the GPUs but needs {gib(o.host_bytes)} of host RAM"
+        f" per node, {gib(o.host_bytes - (hardware.host_mem or 0))} more than the {gib(hardware.host_mem or 0)} given."
+    ]
+
+
+def refusal(options: list[Option], work: Workload, hardware: Hardware) -> list[str]:
+    """Nothing fits: what is short, by how much, and what would fit instead."""
+    closest = min(options, key=lambda o: o.gpu_bytes()["total"])
+    need = closest.gpu_bytes()["total"]
+    lines = [
+        f"Nothing fits. The smallest option, {closest.label}, needs {gib(need)} per GPU; "
+        f"{gib(hardware.usable_gpu_mem)} is usable, short by {gib(need - hardware.usable_gpu_mem)}."
+    ]
+    lines += _host_warnings(options, hardware)
+    lines += [f"Would fit: {alternative}" for alternative in alternatives(work, hardware)]
+    return lines
+
+
+def _fits_somewhere(work: Workload, hardware: Hardware) -> Option | None:
+    return recommend(evaluate_all(work, hardware), hardware)
+
+
+def alternatives(work: Workload, hardware: Hardware) -> list[str]:
+    """Changes to the hardware or the run that would make some option fit."""
+    found = []
+    for nodes in (2, 4, 8, 16, 32, 64, 128):
+        option = _fits_somewhere(work, replace(hardware, nodes=hardware.nodes * nodes))
+        if option:
+            found.append(f"{hardware.nodes * nodes} nodes of {hardware.gpus_per_node} GPUs with {option.label}")
+            break
+    for size_gb in (24, 40, 48, 80, 94, 141, 192):
+        if size_gb * 10**9 > hardware.gpu_mem:
+            option = _fits_somewhere(work, replace(hardware, gpu_mem=size_gb * 10**9))
+            if option:
+                found.append(f"GPUs with {size_gb} GB each ({hardware.world_size} of them) with {option.label}")
+                break
+    if not work.activation_checkpointing:
+        option = _fits_somewhere(replace(work, activation_checkpointing=True), hardware)
+        if option:
+            found.append(f"--activation-checkpointing with {option.label}")
+    if not work.lora_r:
+        option = _fits_somewhere(replace(work, lora_r=16), hardware)
+        if option:
+            found.append(f"LoRA (--lora-r 16) with {option.label}")
+    if hardware.host_mem is not None:
+        option = _fits_somewhere(work, replace(hardware, host_mem=None))
+        if option:
+            found.append(f"more host RAM: {option.label} needs {gib(option.host_bytes)} per node")
+    return found or ["no tried change (up to 128x the nodes, 192 GB GPUs, checkpointing, LoRA r=16) is enough"]
