@@ -166,7 +166,7 @@ def state_terms(strategy: str, offload: str, work: Workload, world_size: int) ->
     return gpu, host, states.formula
 
 
-def buffer_terms(strategy: str, offload: str, work: Workload) -> Terms:
+def buffer_terms(strategy: str, offload: str, work: Workload, world_size: int) -> Terms:
     """Working buffers besides states and activations: buckets, gathered layers, CUDA context."""
     s = work.shape
     a = DTYPE_BYTES[work.precision]
@@ -189,7 +189,10 @@ def buffer_terms(strategy: str, offload: str, work: Workload) -> Terms:
         grad_bytes = 4 if strategy == "zero1" else a  # ZeRO-1 stages its bucket in fp32
         terms["reduce buckets (x2, overlap_comm)"] = (2 * reduce_bucket * grad_bytes, f"2 x h² x {grad_bytes}")
         if offload != "none":
-            terms["offload staging (largest param)"] = (s.largest_layer_params * a, f"largest layer x {a}")
+            # Gradients leave through two largest-parameter buffers; updated weights come back into a 16-bit
+            # partition buffer (param_buffer_of_bit16_for_cpu_offload_groups in DeepSpeed 0.19.8).
+            terms["offload staging (2 x largest param)"] = (2 * s.largest_layer_params * a, f"2 x largest layer x {a}")
+            terms["16-bit partition for updated params"] = (a * -(-trainable // world_size), f"{a}Ψ/N")
     else:
         terms["largest layer gathered + grad"] = (s.largest_layer_params * 2 * a, f"largest layer x {2 * a}")
         terms["one block gathered"] = (s.block_params * a, f"block x {a}")
@@ -248,7 +251,7 @@ def comm_bytes_per_step(strategy: str, work: Workload) -> int:
 def evaluate(strategy: str, offload: str, work: Workload, hardware: Hardware) -> Option:
     gpu_states, offloaded, formula = state_terms(strategy, offload, work, hardware.world_size)
     activations = activation_terms(work)
-    buffers = buffer_terms(strategy, offload, work)
+    buffers = buffer_terms(strategy, offload, work, hardware.world_size)
     slack_base = _sum(gpu_states) + _sum(activations) + _sum(buffers)
     buffers["allocator slack"] = (int(slack_base * ALLOCATOR_SLACK), "5% of the rest")
     option = Option(

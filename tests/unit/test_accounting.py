@@ -119,7 +119,7 @@ def test_zero3_matches_deepspeed_estimator(name, gpus, nodes, offload):
         offload_param=offload == "optimizer+param",
     )
     # DeepSpeed adds the largest layer gathered with its gradient; the planner counts it as a buffer.
-    gathered, _ = buffer_terms("zero3", offload, Workload(shape, n))["largest layer gathered + grad"]
+    gathered, _ = buffer_terms("zero3", offload, Workload(shape, n), gpus * nodes)["largest layer gathered + grad"]
     assert gathered == largest_layer_memory
     assert _close(ours.total + gathered, gpu_mem), (ours, gathered, gpu_mem)
 
@@ -150,6 +150,22 @@ def test_fp32_tables_are_what_the_backends_keep(strategy, replicated, partitione
     assert states.total == replicated * n + partitioned * n // world
 
 
+def test_fp32_offload_is_what_deepspeed_keeps():
+    """Measured (2 CPU ranks, fp32, tiny LLaMA, Ψ = 3,148,224): ZeRO-3 + CPU offload 37,936,640 bytes in all;
+    ZeRO-2 + CPU offload 47,221,376 = these states + the 16-bit partition buffer + 2 x largest-parameter buffers."""
+    from zero_kit.model import tiny_llama_config
+
+    n, world = 3_148_224, 2
+    shape = shape_from_hf_config(tiny_llama_config().to_dict())
+    assert shape.n_params == n
+    zero3 = model_state_bytes("zero3", n, world, "fp32", offload_optimizer=True)
+    assert _close(zero3.all_bytes, 37_936_640)
+    zero2 = model_state_bytes("zero2", n, world, "fp32", offload_optimizer=True)
+    staging = buffer_terms("zero2", "optimizer", Workload(shape, n, precision="fp32"), world)
+    extra = staging["offload staging (2 x largest param)"][0] + staging["16-bit partition for updated params"][0]
+    assert _close(zero2.all_bytes + extra, 47_221_376)
+
+
 def test_mixed_precision_follows_the_paper_where_deepspeed_does():
     n, world = 1_000_000, 8
     assert model_state_bytes("ddp", n, world, "bf16").total == 16 * n
@@ -163,9 +179,11 @@ def test_offload_moves_states_to_host():
     n, world = 8_000_000, 8
     states = model_state_bytes("zero3", n, world, "bf16", offload_optimizer=True)
     assert (states.params, states.grads, states.optimizer) == (2 * n // world, 0, 0)
-    assert states.host_total == 16 * n // world and states.host_formula == "16Ψ/N"
+    assert states.host_total == 18 * n // world and states.host_formula == "18Ψ/N"
     both = model_state_bytes("zero3", n, world, "bf16", offload_optimizer=True, offload_param=True)
-    assert both.total == 0 and both.host_total == 18 * n // world
+    assert both.total == 0 and both.host_total == 20 * n // world
+    zero2 = model_state_bytes("zero2", n, world, "bf16", offload_optimizer=True)
+    assert zero2.total == 2 * n and zero2.host_total == 16 * n // world
     assert both.all_bytes == both.host_total
 
 
