@@ -17,3 +17,24 @@ def pytest_runtest_makereport(item, call):
     if IN_CI and report.skipped and item.get_closest_marker("gpu") is None:
         report.outcome = "failed"
         report.longrepr = f"skipped in CI, which must run it: {report.longrepr}"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Build DeepSpeed's CPU ops once, before any launcher test, so no test's timeout pays for a compile.
+
+    DeepSpeed compiles them on first use (shm all-reduce, fused Adam, CPU Adam for offload; ~2 min each on
+    2 cores) into ~/.cache/torch_extensions; two ranks racing for the same build just wait on its lock.
+    """
+    if not any(item.get_closest_marker("dist") or item.get_closest_marker("multinode") for item in items):
+        return
+    import subprocess
+    import sys
+    import time
+
+    start = time.monotonic()
+    code = (
+        "from deepspeed.ops.op_builder import CPUAdamBuilder, FusedAdamBuilder, ShareMemCommBuilder\n"
+        "for b in (ShareMemCommBuilder, FusedAdamBuilder, CPUAdamBuilder): b().load(verbose=False)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=1800)
+    print(f"\nDeepSpeed CPU ops ready in {time.monotonic() - start:.0f} s")

@@ -1,0 +1,186 @@
+"""The config builder: batch arithmetic, buckets, offload/precision rules, HF auto mode, CLI edge."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from zero_kit.cli import main
+from zero_kit.ds_config import bucket_sizes, build_ds_config, dumps, resolve_batch, resolve_world_size
+from zero_kit.errors import BatchSizeError, UserError
+from zero_kit.spec import ZeroSpec
+
+
+@pytest.mark.parametrize(
+    ("micro", "accum", "global_", "world", "expected"),
+    [
+        (None, None, None, 8, (1, 1, 8)),
+        (4, None, None, 2, (4, 1, 8)),
+        (None, 8, None, 2, (1, 8, 16)),
+        (2, 4, None, 8, (2, 4, 64)),
+        (2, None, 64, 8, (2, 4, 64)),
+        (None, 4, 64, 8, (2, 4, 64)),
+        (None, None, 64, 8, (8, 1, 64)),
+        (2, 4, 64, 8, (2, 4, 64)),
+        (1, 1, 1, 1, (1, 1, 1)),
+    ],
+)
+def test_any_two_of_the_batch_triple_give_the_third(micro, accum, global_, world, expected):
+    batch = resolve_batch(micro, accum, global_, world)
+    assert (batch.micro_batch, batch.grad_accum, batch.global_batch) == expected
+    assert batch.micro_batch * batch.grad_accum * world == batch.global_batch
+
+
+@pytest.mark.parametrize(
+    ("micro", "accum", "global_", "world", "fragments"),
+    [
+        (2, 4, 60, 8, ["60", "2 x grad accum 4 x world size 8 = 64", "--global-batch 64"]),
+        (3, None, 64, 8, ["not divisible", "3 x world size 8 = 24", "48 or 72"]),
+        (None, 3, 64, 8, ["grad accum 3", "= 24"]),
+        (None, None, 12, 8, ["not divisible", "= 8", "8 or 16"]),
+        (0, None, None, 2, ["--micro-batch must be a positive integer, got 0"]),
+        (None, -1, None, 2, ["--grad-accum"]),
+        (None, None, 0, 2, ["--global-batch"]),
+    ],
+)
+def test_impossible_batches_are_refused_with_the_numbers(micro, accum, global_, world, fragments):
+    with pytest.raises(BatchSizeError) as err:
+        resolve_batch(micro, accum, global_, world)
+    for fragment in fragments:
+        assert fragment in str(err.value)
+
+
+def test_world_size_from_nodes_and_gpus_and_disagreement():
+    assert resolve_world_size(None, 2, 8) == 16
+    assert resolve_world_size(None, None, 4) == 4
+    assert resolve_world_size(16, 2, 8) == 16
+    with pytest.raises(UserError, match="disagrees"):
+        resolve_world_size(8, 2, 8)
+
+
+def test_buckets_follow_the_hidden_size():
+    assert bucket_sizes(4096) == {
+        "reduce_bucket_size": 4096**2,
+        "stage3_prefetch_bucket_size": int(0.9 * 4096**2),
+        "stage3_param_persistence_threshold": 40960,
+    }
+    zero = build_ds_config(ZeroSpec(stage=3, hidden_size=64))["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 4096
+    assert zero["stage3_prefetch_bucket_size"] == 3686
+    assert zero["stage3_param_persistence_threshold"] == 640
+    assert zero["stage3_gather_16bit_weights_on_model_save"] is True
+    assert "stage3_prefetch_bucket_size" not in build_ds_config(ZeroSpec(stage=2, hidden_size=64))["zero_optimization"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (ZeroSpec(stage=2, offload_param="cpu"), "--offload-param cpu needs --stage 3"),
+        (ZeroSpec(stage=0, offload_optimizer="cpu"), "needs --stage 1 or more"),
+        (ZeroSpec(stage=2, offload_optimizer="nvme", nvme_path="/nvme"), "nvme needs --stage 3"),
+        (ZeroSpec(stage=3, offload_param="nvme"), "NVMe offload needs --nvme-path"),
+        (ZeroSpec(stage=3, nvme_path="/nvme"), "--nvme-path is only used"),
+        (ZeroSpec(stage=2, global_batch=64), "needs the world size"),
+    ],
+)
+def test_contradictions_are_refused_naming_the_flags(spec, message):
+    with pytest.raises(UserError, match=message):
+        build_ds_config(spec)
+
+
+def test_offload_sections():
+    cpu = build_ds_config(ZeroSpec(stage=3, offload_optimizer="cpu", offload_param="cpu", pin_memory=False))
+    assert cpu["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": False}
+    assert cpu["zero_optimization"]["offload_param"] == {"device": "cpu", "pin_memory": False}
+    nvme = build_ds_config(ZeroSpec(stage=3, offload_optimizer="nvme", offload_param="nvme", nvme_path="/local_nvme"))
+    assert nvme["zero_optimization"]["offload_param"]["nvme_path"] == "/local_nvme"
+    assert nvme["zero_optimization"]["offload_optimizer"]["device"] == "nvme"
+    assert "offload_optimizer" in build_ds_config(ZeroSpec(stage=1, offload_optimizer="cpu"))["zero_optimization"]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
+def test_precision_sections(precision):
+    config = build_ds_config(ZeroSpec(precision=precision))
+    assert config["bf16"]["enabled"] is (precision == "bf16")
+    assert config["fp16"]["enabled"] is (precision == "fp16")
+    assert ("initial_scale_power" in config["fp16"]) is (precision == "fp16")
+
+
+def test_batch_is_portable_without_world_size_and_complete_with_it():
+    portable = build_ds_config(ZeroSpec(micro_batch=4, grad_accum=2))
+    assert "train_batch_size" not in portable
+    assert portable["train_micro_batch_size_per_gpu"] == 4
+    full = build_ds_config(ZeroSpec(micro_batch=4, grad_accum=2, nodes=2, gpus_per_node=8))
+    assert full["train_batch_size"] == 4 * 2 * 16
+
+
+def test_hf_auto_marks_what_the_trainer_fills():
+    config = build_ds_config(ZeroSpec(stage=3, hf_auto=True, hidden_size=4096))
+    assert config["train_batch_size"] == config["train_micro_batch_size_per_gpu"] == "auto"
+    assert config["gradient_accumulation_steps"] == config["gradient_clipping"] == "auto"
+    assert config["bf16"]["enabled"] == config["fp16"]["enabled"] == "auto"
+    assert set(config["optimizer"]["params"].values()) == {"auto"}
+    assert config["zero_optimization"]["reduce_bucket_size"] == "auto"
+    pinned = build_ds_config(ZeroSpec(stage=3, hf_auto=True, micro_batch=2, world_size=2))
+    assert pinned["train_batch_size"] == 4
+
+
+def test_output_is_deterministic_and_sorted():
+    text = dumps(build_ds_config(ZeroSpec(stage=3, hidden_size=128)))
+    assert text == dumps(build_ds_config(ZeroSpec(stage=3, hidden_size=128)))
+    assert list(json.loads(text)) == sorted(json.loads(text))
+    assert text.endswith("}\n")
+
+
+def test_cli_writes_json_and_accelerate_yaml(tmp_path):
+    out, yaml = tmp_path / "ds.json", tmp_path / "acc.yaml"
+    code = main(["config", "--stage", "3", "--world-size", "2", "-o", str(out), "--accelerate-yaml", str(yaml)])
+    assert code == 0
+    config = json.loads(out.read_text())
+    assert config["train_batch_size"] == 2 and config["train_micro_batch_size_per_gpu"] == 1
+    text = yaml.read_text()
+    assert "distributed_type: DEEPSPEED" in text and f'deepspeed_config_file: "{out}"' in text
+    assert "num_processes: 2" in text and "zero3_init_flag: true" in text
+
+
+def test_cli_reads_hidden_size_from_model_dir(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 256}))
+    assert main(["config", "--stage", "2", "--model", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["zero_optimization"]["reduce_bucket_size"] == 65536
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--stage", "2", "--model", "/nonexistent"], "no config.json"),
+        (["--stage", "1", "--offload-param", "cpu"], "--offload-param cpu needs --stage 3"),
+        (["--stage", "1", "--micro-batch", "2", "--world-size", "4", "--global-batch", "30"], "not divisible"),
+        (["--accelerate-yaml", "x.yaml"], "needs -o FILE"),
+        (["--stage", "2", "--hidden-size", "0"], "hidden size must be positive"),
+    ],
+)
+def test_cli_errors_are_messages_not_tracebacks(argv, message, capsys):
+    assert main(["config", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "fix:" in err and "Traceback" not in err
+
+
+def test_bad_model_config_json_names_the_file(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{not json")
+    assert main(["config", "--model", str(tmp_path)]) == 2
+    assert str(tmp_path / "config.json") in capsys.readouterr().err
+
+
+def test_config_command_imports_neither_torch_nor_deepspeed():
+    code = (
+        "import sys, io, contextlib\n"
+        "from zero_kit.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert main(['config', '--stage', '3', '--hidden-size', '64']) == 0\n"
+        "heavy = sorted(m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
