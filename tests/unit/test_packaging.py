@@ -1,0 +1,125 @@
+"""Packaging contracts: Docker pins equal setup.py's, README and CI run the same commands, the CLI is frozen."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zero_kit.cli import COMMANDS, build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _setup_pins() -> dict[str, str]:
+    text = (ROOT / "setup.py").read_text()
+    block = re.search(r"PINNED = \{(.*?)\}", text, re.S).group(1)
+    return dict(re.findall(r'"([\w-]+)": "([\d.]+)"', block))
+
+
+def test_docker_pins_equal_setup_pins():
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    args = {name.lower(): value for name, value in re.findall(r"ARG (\w+)_VERSION=([\d.]+)", dockerfile)}
+    pins = _setup_pins()
+    assert set(pins) == {"deepspeed", "transformers", "datasets", "accelerate", "peft"}
+    assert args == pins
+    torch_base = re.search(r"FROM pytorch/pytorch:([\d.]+)-", dockerfile).group(1)
+    low, high = re.search(r'TORCH_RANGE = ">=([\d.]+),<([\d.]+)"', (ROOT / "setup.py").read_text()).groups()
+    as_tuple = lambda v: tuple(int(x) for x in v.split("."))  # noqa: E731
+    assert as_tuple(low) <= as_tuple(torch_base) < as_tuple(high), "the image's torch is outside setup.py's range"
+
+
+def _readme_block(heading: str) -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split(heading, 1)[1]
+    return re.search(r"```(?:bash|sh)?\n(.*?)```", section, re.S).group(1).strip()
+
+
+def test_ci_runs_the_readme_commands_word_for_word():
+    ci = (ROOT / ".ci" / "run").read_text()
+    install = _readme_block("## Quick start")
+    first_line = install.splitlines()[0]
+    assert first_line.split(" && zero-kit")[0] in ci, "CI must install exactly as the README says"
+    assert "pip install torch==2.13.0" in first_line, "the README must pin the CPU torch build"
+    tests = _readme_block("### Tests")
+    assert tests in ci, "CI must run the README's test command"
+
+
+# Freeze the public CLI (torchtitan's test_no_new_cli_options): a change here is a conscious one.
+FROZEN = {
+    "config": {
+        "--stage",
+        "--offload-optimizer",
+        "--offload-param",
+        "--nvme-path",
+        "--precision",
+        "--micro-batch",
+        "--grad-accum",
+        "--world-size",
+        "--nodes",
+        "--gpus-per-node",
+        "--global-batch",
+        "--model",
+        "--hidden-size",
+        "--hf-auto",
+        "--accelerate-yaml",
+        "-o",
+    },
+    "validate": {"--world-size", "--for", "--json"},
+    "plan": {
+        "--model",
+        "--params",
+        "--hidden-size",
+        "--layers",
+        "--heads",
+        "--vocab",
+        "--gpu-mem",
+        "--gpus-per-node",
+        "--nodes",
+        "--host-mem",
+        "--seq-len",
+        "--micro-batch",
+        "--lora-r",
+        "--activation-checkpointing",
+        "--json",
+        "-o",
+    },
+    "train": {
+        "--model",
+        "--data",
+        "--format",
+        "--ds-config",
+        "--stage",
+        "--lora-r",
+        "--output",
+        "--max-steps",
+        "--save-steps",
+        "--resume",
+        "--nproc",
+    },
+    "export": {"--out"},
+    "bench": {"--strategies", "--nproc", "--model", "--steps", "--precision", "--out"},
+    "launch": {"--hostfile", "--slurm"},
+}
+
+
+def _flags(name: str) -> set[str]:
+    parser = build_parser(name)
+    sub = next(a for a in parser._actions if a.dest == "command").choices[name]
+    return {opt for action in sub._actions for opt in action.option_strings}
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_design_contract_flags_exist(name):
+    missing = FROZEN[name] - _flags(name)
+    assert not missing, f"zero-kit {name} lost contract flags {sorted(missing)} (see shared/DESIGN.md)"
+
+
+def test_console_script_runs():
+    out = subprocess.run(
+        [sys.executable, "-m", "zero_kit.cli", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and out.stdout.startswith("zero-kit ")
