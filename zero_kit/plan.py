@@ -177,7 +177,7 @@ def buffer_terms(strategy: str, offload: str, work: Workload, world_size: int) -
     if strategy == "ddp":
         # Default DDP copies gradients into flat fp32 buckets; autocast caches 16-bit copies of the weights.
         terms["DDP gradient buckets"] = (4 * trainable, "4Ψ (gradient_as_bucket_view=False)")
-        if a == 2:
+        if a == 2 and not work.lora_r:  # LoRA's frozen base is already 16-bit
             terms["autocast weight cache"] = (2 * work.n_params, "2Ψ")
     elif strategy == "fsdp":
         root = s.vocab_size * s.hidden_size * (1 if s.tie_word_embeddings else 2)
@@ -203,7 +203,8 @@ def buffer_terms(strategy: str, offload: str, work: Workload, world_size: int) -
 
 
 def host_terms(strategy: str, offload_host: Terms, work: Workload, hardware: Hardware) -> Terms:
-    """Host RAM per node: baseline per rank plus the larger of loading the model and training with offload."""
+    """Host RAM per node: a baseline per rank plus the largest of three phases that never overlap: loading the
+    model, training with offloaded states (pinned), and exporting (zero_to_fp32 holds the fp32 model, 4Ψ)."""
     a = DTYPE_BYTES[work.precision]
     ranks = hardware.gpus_per_node
     n = work.n_params
@@ -212,18 +213,13 @@ def host_terms(strategy: str, offload_host: Terms, work: Workload, hardware: Har
         load = (ranks * (a * n // hardware.world_size) + CHECKPOINT_SHARD_BYTES, f"{ranks} x {a}Ψ/N + 5 GiB shard")
     else:  # every rank materialises the whole 16-bit model before moving it to the GPU
         load = (ranks * a * n, f"{ranks} x {a}Ψ")
-    offloaded = _sum(offload_host) * ranks
-    if offloaded > load[0]:
+    phases = {"loading the model": load, "export to fp32 weights (zero_to_fp32)": (4 * n, "4Ψ")}
+    if offload_host:
         formula = next(iter(offload_host.values()))[1]
-        terms["offloaded states, pinned (per node)"] = (offloaded, f"{ranks} x ({formula})")
-    else:
-        terms["loading the model"] = load
+        phases["offloaded states, pinned"] = (_sum(offload_host) * ranks, f"{ranks} x ({formula})")
+    name = max(phases, key=lambda key: phases[key][0])
+    terms[f"{name} (largest phase)"] = phases[name]
     return terms
-
-
-def export_host_bytes(work: Workload) -> tuple[int, str]:
-    """Consolidating a ZeRO checkpoint into fp32 weights (zero_to_fp32) holds the full fp32 model on one host."""
-    return 4 * work.n_params + HOST_BASELINE_PER_RANK, "4Ψ + 2 GiB"
 
 
 def comm_bytes_per_step(strategy: str, work: Workload) -> int:
