@@ -20,10 +20,19 @@ import functools
 import inspect
 import io
 import logging
+import sys
 from collections.abc import KeysView
 from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
+
+
+@functools.cache
+def import_deepspeed() -> None:
+    """Import deepspeed once, with its import-time log lines sent to stderr: stdout may carry --json output."""
+    with contextlib.redirect_stdout(sys.stderr):
+        import deepspeed.runtime.config  # noqa: F401
+
 
 # Marker key put into a probed section; a model constructor that receives it tells us its class.
 _MARKER = "__zero_kit_probe__"
@@ -161,6 +170,7 @@ def _quiet():
 
 def deepspeed_parse(config: dict, world_size: int) -> str | None:
     """Run DeepSpeed's own `DeepSpeedConfig` parse at `world_size`; its error message, or None if it accepts."""
+    import_deepspeed()
     import deepspeed.runtime.config as ds_config
 
     with _quiet(), mock.patch.object(ds_config, "dist", _FakeDist(world_size)):
@@ -197,6 +207,7 @@ def _config_with_section(rec: _Recorder, path: str) -> _Probe:
 @functools.cache
 def discover() -> Schema:
     """Learn DeepSpeed's config schema by running its parser over recording dicts."""
+    import_deepspeed()
     from deepspeed.runtime.config_utils import DeepSpeedConfigModel
 
     rec = _Recorder()

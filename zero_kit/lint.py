@@ -10,7 +10,9 @@ finally runs DeepSpeed's own parse so that whatever passes here also passes ther
 from __future__ import annotations
 
 import difflib
+import json
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -58,8 +60,6 @@ def _show(value: Any) -> str:
 
 
 def _json_like(value: Any) -> str:
-    import json
-
     try:
         return json.dumps(value, allow_nan=True)
     except (TypeError, ValueError):
@@ -67,10 +67,12 @@ def _json_like(value: Any) -> str:
 
 
 def join(path: str, key: Any) -> str:
-    """Dotted key path; list items as [i]."""
+    """Dotted key path; list items and odd keys (empty, dots, spaces) in brackets: a.b[0]["x y"]."""
     if isinstance(key, int):
         return f"{path}[{key}]"
-    return f"{path}.{key}" if path else str(key)
+    if isinstance(key, str) and re.fullmatch(r"[A-Za-z0-9_\-]+", key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{json.dumps(key)}]"
 
 
 def did_you_mean(key: Any, choices: Any) -> str:

@@ -75,22 +75,55 @@ def _no_duplicates(duplicates: list[str]):
     return hook
 
 
+MAX_DEPTH = 100
+"""Deeper nesting than any DeepSpeed config has; refused before Python's JSON parser hits its recursion limit."""
+
+
+def _line_col(text: str, offset: int) -> tuple[int, int]:
+    line = text.count("\n", 0, offset) + 1
+    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+
+
+def _too_deep(text: str) -> int | None:
+    """Offset where brackets nest deeper than MAX_DEPTH (strings skipped), or None."""
+    depth, in_string, escaped = 0, False, False
+    for offset, char in enumerate(text):
+        if in_string:
+            escaped, in_string = (not escaped and char == "\\"), in_string and (escaped or char != '"')
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return offset
+        elif char in "]}":
+            depth -= 1
+    return None
+
+
 def read_config(path: str) -> tuple[Any, list[str]]:
     """The parsed JSON and the keys that appeared twice in one object (DeepSpeed refuses those)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        with open(path, "rb") as handle:
+            raw = handle.read()
     except FileNotFoundError:
         raise Unreadable("no such file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise Unreadable(f"cannot read: {err}") from None
+    except OSError as err:
+        raise Unreadable(f"cannot read: {err.strerror or err}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        before = raw[: err.start].decode("utf-8", "replace")
+        line, column = _line_col(before, len(before))
+        raise Unreadable("not UTF-8 text (save the file as UTF-8)", line, column) from None
+    deep = _too_deep(text)
+    if deep is not None:
+        raise Unreadable(f"invalid JSON: nested deeper than {MAX_DEPTH} levels", *_line_col(text, deep))
     duplicates: list[str] = []
     try:
         return json.loads(text, object_pairs_hook=_no_duplicates(duplicates)), duplicates
     except json.JSONDecodeError as err:
         raise Unreadable(f"invalid JSON: {err.msg}", err.lineno, err.colno) from None
-    except RecursionError:
-        raise Unreadable("invalid JSON: nested too deeply") from None
 
 
 def _lint_file(path: str, context) -> list[dict[str, Any]]:
