@@ -58,7 +58,13 @@ class Rows:
 
     def __iter__(self) -> Iterator[tuple[RowSource, int, Any]]:
         for source in self.sources:
-            for index, row in enumerate(source.rows):
+            for index in range(len(source.rows)):
+                try:
+                    row = source.rows[index]
+                except Exception as err:  # arrow data that decodes badly only when a row is read
+                    raise UserError(
+                        f"{source.where(index)}: unreadable ({type(err).__name__}: {err})", "rewrite the file"
+                    ) from None
                 yield source, index, row
 
 
@@ -129,10 +135,12 @@ def _from_arrow(path: str, kind: str, table) -> RowSource:
     from datasets import Dataset
 
     try:
+        table.validate(full=True)  # e.g. invalid UTF-8 in a string column, which pyarrow reads without checking
         dataset = Dataset(table)
-    except Exception as err:  # column names or types that datasets cannot represent
+    except Exception as err:  # bad data, or column names or types that datasets cannot represent
         raise UserError(
-            f"{path}: columns that cannot be loaded ({type(err).__name__}: {err})", "rename the columns"
+            f"{path}: data that cannot be loaded ({type(err).__name__}: {err})",
+            "rewrite the file with valid UTF-8 strings and unique column names",
         ) from None
     return RowSource(path, kind, dataset, list(dataset.column_names))
 

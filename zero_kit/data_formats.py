@@ -8,6 +8,8 @@ reason that `DataStats` counts: missing_field, wrong_type, empty, too_long.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 IGNORE_INDEX = -100
@@ -50,33 +52,46 @@ def _check_encodable(text: str, what: str) -> None:
         raise BadRow("wrong_type", f"{what} holds a lone surrogate escape, which is not valid text") from None
 
 
-def _ids(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
-
-
 def _specials(tokenizer) -> tuple[list[int], list[int]]:
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     return bos, eos
 
 
-def encode_alpaca(row: Any, tokenizer) -> tuple[list[int], list[int]]:
+@dataclass
+class Prepared:
+    """A checked row as texts to tokenize, and how to turn their tokens into (input_ids, labels).
+
+    Tokenizing many rows' texts in one batched call is ~10x faster than one call per text.
+    """
+
+    texts: list[str]
+    build: Callable[[list[Any]], tuple[list[int], list[int]]]
+
+
+def prepare_alpaca(row: Any, tokenizer) -> Prepared:
     instruction, output = _field(row, "instruction"), _field(row, "output")
     extra = _field(row, "input", required=False)
     template = ALPACA_PROMPT_WITH_INPUT if extra.strip() else ALPACA_PROMPT
     bos, eos = _specials(tokenizer)
-    prompt = bos + _ids(tokenizer, template.format(instruction=instruction, input=extra))
-    response = _ids(tokenizer, output) + eos
-    return prompt + response, [IGNORE_INDEX] * len(prompt) + response
+
+    def build(encoded: list[Any]) -> tuple[list[int], list[int]]:
+        prompt, response = bos + encoded[0].ids, encoded[1].ids + eos
+        return prompt + response, [IGNORE_INDEX] * len(prompt) + response
+
+    return Prepared([template.format(instruction=instruction, input=extra), output], build)
 
 
-def encode_text(row: Any, tokenizer) -> tuple[list[int], list[int]]:
+def prepare_text(row: Any, tokenizer) -> Prepared:
     bos, eos = _specials(tokenizer)
-    body = _ids(tokenizer, _field(row, "text"))
-    if not body:
-        raise BadRow("empty", "field 'text' is empty after tokenization")
-    ids = bos + body + eos
-    return ids, list(ids)
+
+    def build(encoded: list[Any]) -> tuple[list[int], list[int]]:
+        if not encoded[0].ids:
+            raise BadRow("empty", "field 'text' is empty after tokenization")
+        ids = bos + encoded[0].ids + eos
+        return ids, list(ids)
+
+    return Prepared([_field(row, "text")], build)
 
 
 def chat_messages(row: Any) -> list[dict]:
@@ -145,25 +160,51 @@ def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[in
     return full, spans
 
 
-def encode_chat(row: Any, tokenizer) -> tuple[list[int], list[int]]:
+def prepare_chat(row: Any, tokenizer) -> Prepared:
     full, spans = assistant_spans(tokenizer, chat_messages(row))
-    encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(encoded["input_ids"])
-    labels = [
-        token if any(lo <= start < hi for lo, hi in spans) else IGNORE_INDEX
-        for token, (start, _end) in zip(ids, encoded["offset_mapping"], strict=True)
-    ]
-    return ids, labels
+
+    def build(encoded: list[Any]) -> tuple[list[int], list[int]]:
+        ids = encoded[0].ids
+        labels = [
+            token if any(lo <= start < hi for lo, hi in spans) else IGNORE_INDEX
+            for token, (start, _end) in zip(ids, encoded[0].offsets, strict=True)
+        ]
+        return ids, labels
+
+    return Prepared([full], build)
 
 
-ENCODERS = {"alpaca": encode_alpaca, "chat": encode_chat, "text": encode_text}
+PREPARERS = {"alpaca": prepare_alpaca, "chat": prepare_chat, "text": prepare_text}
 
 
-def encode_row(row: Any, tokenizer, fmt: str, max_length: int) -> tuple[list[int], list[int]]:
-    """(input_ids, labels) for one row, or BadRow."""
-    ids, labels = ENCODERS[fmt](row, tokenizer)
+@dataclass
+class Encoded:
+    """One tokenized text: ids, and character offsets when the tokenizer gives them."""
+
+    ids: list[int]
+    offsets: list[tuple[int, int]]
+
+
+def tokenize_texts(tokenizer, texts: list[str], with_offsets: bool) -> list[Encoded]:
+    """One batched call for many texts; specials come from the format, never from the tokenizer."""
+    if not texts:
+        return []
+    out = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=with_offsets)
+    offsets = out["offset_mapping"] if with_offsets else [[]] * len(texts)
+    return [Encoded(list(ids), list(spans)) for ids, spans in zip(out["input_ids"], offsets, strict=True)]
+
+
+def finish(prepared: Prepared, encoded: list[Encoded], max_length: int) -> tuple[list[int], list[int]]:
+    """(input_ids, labels) from a prepared row's tokens, or BadRow (nothing trained, too long)."""
+    ids, labels = prepared.build(encoded)
     if all(label == IGNORE_INDEX for label in labels):
         raise BadRow("empty", "nothing left to train on after tokenization")
     if len(ids) > max_length:
         raise BadRow("too_long", f"{len(ids)} tokens is longer than the max length {max_length}")
     return ids, labels
+
+
+def encode_row(row: Any, tokenizer, fmt: str, max_length: int) -> tuple[list[int], list[int]]:
+    """(input_ids, labels) for one row, or BadRow. `zero_kit.data` batches many rows the same way."""
+    prepared = PREPARERS[fmt](row, tokenizer)
+    return finish(prepared, tokenize_texts(tokenizer, prepared.texts, fmt == "chat"), max_length)

@@ -129,3 +129,15 @@ def test_lone_surrogate_escape_is_a_bad_row_not_a_crash(tmp_path, tokenizer):
         tokenize_dataset(load_dataset_rows([str(path)], "text"), tokenizer, "text", 64)
     _, stats = tokenize_dataset(load_dataset_rows([str(path)], "text"), tokenizer, "text", 64, skip_bad=True)
     assert dict(stats.skipped) == {"wrong_type": 1}
+
+
+def test_parquet_with_invalid_utf8_strings_is_a_user_error(tmp_path):
+    import pyarrow
+    import pyarrow.parquet
+
+    path = tmp_path / "bad.parquet"  # found by test_fuzz_data: rows failed to decode only when read
+    column = pyarrow.array([b"\x80abc", b"ok"], type=pyarrow.binary()).view(pyarrow.string())
+    pyarrow.parquet.write_table(pyarrow.table({"text": column}), path)
+    with pytest.raises(UserError, match="Invalid UTF8") as caught:
+        load_dataset_rows([str(path)], None)
+    assert str(caught.value).startswith(str(path))
