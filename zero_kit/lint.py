@@ -243,41 +243,49 @@ def _batch_rules(config: dict, context: LintContext) -> tuple[list[Problem], int
             )
         ], 1
     world, source = context.world_size, context.world_size_source
+    if world is None and context.target == "accelerate":
+        problems.append(
+            Problem(
+                "warning",
+                "train_batch_size",
+                config.get("train_batch_size"),
+                "accelerate checks the batch triple against the real world size, which is unknown here",
+                "pass --world-size N (or set WORLD_SIZE) to check it before launch",
+            )
+        )
     if world is None and tbs and micro and accum and tbs % (micro * accum) == 0:
         world, source = tbs // (micro * accum), "implied by the batch triple"
     if world is None:
         world, source = 1, "assumed: pass --world-size or set WORLD_SIZE"
+    return problems + _batch_arithmetic(tbs, micro, accum, world, source), world
+
+
+def _batch_arithmetic(tbs: int | None, micro: int | None, accum: int | None, world: int, source: str) -> list[Problem]:
     shown = f"world_size({world}, {source})"
     if tbs is None:
-        return [], world
+        return []  # DeepSpeed derives train_batch_size from the other two
     if micro and accum:
-        if tbs != micro * accum * world:
-            fix = f"set train_batch_size to {micro * accum * world} or leave it out"
-            return [
-                Problem(
-                    "error",
-                    "train_batch_size",
-                    tbs,
-                    f"train_batch_size({tbs}) != micro({micro}) * grad_accum({accum}) * {shown}",
-                    fix,
-                )
-            ], world
-        return [], world
-    per_step = (micro or accum or 1) * world
-    if tbs % per_step:
-        given = "micro" if micro else "grad_accum" if accum else None
-        what = f"{given}({micro or accum}) * {shown}" if given else shown
-        fix = f"set train_batch_size to a multiple of {per_step} (e.g. {max(per_step, tbs - tbs % per_step)}) or set all three batch keys"
+        if tbs == micro * accum * world:
+            return []
+        message = f"train_batch_size({tbs}) != micro({micro}) * grad_accum({accum}) * {shown}"
         return [
             Problem(
                 "error",
                 "train_batch_size",
                 tbs,
-                f"train_batch_size({tbs}) is not divisible by {what}: DeepSpeed would round the other batch key down",
-                fix,
+                message,
+                f"set train_batch_size to {micro * accum * world} or leave it out",
             )
-        ], world
-    return [], world
+        ]
+    per_step = (micro or accum or 1) * world
+    if tbs % per_step == 0:
+        return []
+    given = f"micro({micro}) * " if micro else f"grad_accum({accum}) * " if accum else ""
+    message = (
+        f"train_batch_size({tbs}) is not divisible by {given}{shown}: DeepSpeed would round the other batch key down"
+    )
+    fix = f"set train_batch_size to a multiple of {per_step} (e.g. {max(per_step, tbs - tbs % per_step)}) or set all three batch keys"
+    return [Problem("error", "train_batch_size", tbs, message, fix)]
 
 
 def _enabled(config: dict, section: str) -> Any:
@@ -365,7 +373,27 @@ def _zero_rules(config: dict, target: Target) -> list[Problem]:
                 )
             )
     problems += _stage3_rules(zero, stage, target)
+    problems += _client_optimizer_rule(config, optim_dev, target)
     return problems
+
+
+def _client_optimizer_rule(config: dict, optim_dev: Any, target: Target) -> list[Problem]:
+    """With optimizer offload and no optimizer section, the script's own optimizer is used; DeepSpeed raises
+    ZeRORuntimeException unless it is DeepSpeedCPUAdam (accelerate, and so the HF Trainer, swap it in themselves)."""
+    if target != "deepspeed" or optim_dev not in ("cpu", "nvme") or "optimizer" in config:
+        return []
+    if config.get("zero_force_ds_cpu_optimizer", True) is False:
+        return []
+    return [
+        Problem(
+            "warning",
+            "optimizer",
+            None,
+            "optimizer offload with the script's own optimizer: deepspeed.initialize raises unless it is DeepSpeedCPUAdam",
+            'add an "optimizer" section (e.g. {"type": "AdamW", "params": {...}}), pass DeepSpeedCPUAdam, '
+            'or set "zero_force_ds_cpu_optimizer": false',
+        )
+    ]
 
 
 def _stage3_rules(zero: dict, stage: int | None, target: Target) -> list[Problem]:

@@ -89,6 +89,8 @@ CASES = [
     ("hf-auto-not-filled", {**HF_BASE, **z(stage=2, allgather_bucket_size="auto")}, "hf-trainer", 4, "zero_optimization.allgather_bucket_size", "does not fill", "error"),
     ("hf-auto-offload-device", {**HF_BASE, **z(stage=3, offload_param={"device": "auto"})}, "hf-trainer", 4, "zero_optimization.offload_param.device", "does not fill", "error"),
     ("accelerate-auto-batch", HF_BASE, "accelerate", 2, "train_batch_size", "--deepspeed_config_file", "error"),
+    ("offload-needs-ds-optimizer", z(stage=2, offload_optimizer={"device": "cpu"}), "deepspeed", 4, "optimizer", "DeepSpeedCPUAdam", "warning"),
+    ("accelerate-unknown-world-size", {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}, "accelerate", None, "train_batch_size", "--world-size", "warning"),
     ("accelerate-needs-zero", {"zero_optimization": ...}, "accelerate", 4, "zero_optimization", "accelerate refuses", "error"),
     ("removed-feature", {"sparse_attention": {"mode": "fixed"}}, "deepspeed", 4, "sparse_attention", "removed", "error"),
     ("removed-zero-key", z(stage=3, mics_shard_size=8), "deepspeed", 4, "zero_optimization.mics_shard_size", "MiCS", "error"),
