@@ -30,6 +30,7 @@ from zero_kit.data_formats import (
     Prepared,
     check_tokenizer,
     finish,
+    specials,
     tokenize_texts,
 )
 from zero_kit.errors import UserError
@@ -130,9 +131,10 @@ def _bad_row(bad: BadRow, where: str, fmt: str, max_length: int) -> UserError:
 def _encode_chunk(chunk: list, tokenizer, fmt: str, max_length: int) -> list:
     """Each (source, index, row) -> (ids, labels) or BadRow, tokenizing the chunk's texts in one call."""
     prepared: list = []
+    bos_eos = specials(tokenizer)
     for _source, _index, row in chunk:
         try:
-            prepared.append(PREPARERS[fmt](row, tokenizer))
+            prepared.append(PREPARERS[fmt](row, tokenizer, bos_eos))
         except BadRow as bad:
             prepared.append(bad)
     texts = [text for item in prepared if isinstance(item, Prepared) for text in item.texts]
