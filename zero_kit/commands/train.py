@@ -1,15 +1,30 @@
-"""`zero-kit train` (not built yet: see the open issue)."""
+"""`zero-kit train`: fine-tune a LLaMA-style model with the HF Trainer and DeepSpeed ZeRO (full or LoRA).
+
+    zero-kit train --nproc 2 --stage 3 --max-steps 30                 # embedded tiny model, bundled data
+    deepspeed --num_gpus 8 -m zero_kit.cli train --model DIR --data train.jsonl --stage 3
+    torchrun --nproc_per_node 8 -m zero_kit.cli train --model DIR --stage 2 --lora-r 16
+
+Exit codes: 0 done; 2 bad input; 75 stopped by SIGTERM after saving a complete checkpoint (relaunch with
+--resume auto); anything else: a rank failed (the job resumes from the newest complete checkpoint).
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from zero_kit.errors import UserError
+from zero_kit.options import add_dataclass_arguments, dataclass_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    from zero_kit.train_options import TrainOptions
+
+    add_dataclass_arguments(parser, TrainOptions)
+    # The deepspeed launcher appends --local_rank=N to every rank's argv; the rank comes from the environment.
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise UserError("zero-kit train is not available in this version yet")
+    from zero_kit.train import run_train
+    from zero_kit.train_options import TrainOptions
+
+    return run_train(dataclass_from_args(TrainOptions, args))

@@ -1,0 +1,145 @@
+"""Crash-safe checkpoints on top of the HF Trainer's DeepSpeed checkpointing.
+
+The Trainer writes `OUTPUT/checkpoint-N/` in place (model states, every rank's optimizer shards,
+scheduler, per-rank RNG, trainer state). A kill in the middle of that leaves a directory that looks
+like a checkpoint but is not one. So a checkpoint only counts once it is *complete*:
+
+1. every rank fsyncs what it wrote, then all ranks meet at a barrier;
+2. rank 0 writes `checkpoint-N/zero_kit_complete.json` (a manifest of every file with its size)
+   through write-temp + fsync + rename, then moves `OUTPUT/latest_complete` the same way.
+
+`--resume auto` only ever picks a directory whose manifest exists and whose files all have the sizes
+recorded, so a kill at any moment of a save resumes from the previous complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+MANIFEST = "zero_kit_complete.json"
+POINTER = "latest_complete"
+RUN_INFO = "zero_kit_run.json"
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` so that readers see either the old file or the whole new one, even after a power cut."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under `root` (data first, then the directory entries)."""
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            try:
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            except FileNotFoundError:  # another rank's temp file, renamed meanwhile: its writer fsyncs it
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def checkpoint_step(path: Path) -> int | None:
+    match = _CHECKPOINT_RE.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def _file_sizes(root: Path) -> dict[str, int]:
+    sizes = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.name != MANIFEST and not path.name.startswith("."):
+            sizes[str(path.relative_to(root))] = path.stat().st_size
+    return sizes
+
+
+def write_manifest(checkpoint_dir: Path, *, step: int, world_size: int) -> None:
+    """Rank 0, after the barrier that follows every rank's fsync: declare the checkpoint complete."""
+    manifest = {"step": step, "world_size": world_size, "files": _file_sizes(checkpoint_dir)}
+    atomic_write_text(checkpoint_dir / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    atomic_write_text(checkpoint_dir.parent / POINTER, checkpoint_dir.name + "\n")
+
+
+def is_complete(checkpoint_dir: Path) -> bool:
+    """True when the manifest exists and every file it lists is present with the recorded size."""
+    try:
+        manifest = json.loads((checkpoint_dir / MANIFEST).read_text(encoding="utf-8"))
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    for rel, size in files.items():
+        path = checkpoint_dir / rel
+        if not path.is_file() or path.stat().st_size != size:
+            return False
+    return bool(files)
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """All `checkpoint-N` directories, oldest step first (complete or not)."""
+    if not output_dir.is_dir():
+        return []
+    found = [p for p in output_dir.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
+    return sorted(found, key=checkpoint_step)
+
+
+def newest_complete(output_dir: Path) -> Path | None:
+    """The checkpoint to resume from: the pointer's target if complete, else the newest complete one."""
+    pointer = output_dir / POINTER
+    if pointer.is_file():
+        target = output_dir / pointer.read_text(encoding="utf-8").strip()
+        newer = [p for p in list_checkpoints(output_dir) if checkpoint_step(p) > (checkpoint_step(target) or -1)]
+        if is_complete(target) and not any(is_complete(p) for p in newer):
+            return target
+    complete = [p for p in list_checkpoints(output_dir) if is_complete(p)]
+    return complete[-1] if complete else None
+
+
+def remove_incomplete(output_dir: Path) -> list[Path]:
+    """Delete checkpoint directories a killed save left behind (rank 0, before training)."""
+    removed = []
+    for path in list_checkpoints(output_dir):
+        if not is_complete(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def rotate(output_dir: Path, keep: int | None) -> list[Path]:
+    """Keep the newest `keep` complete checkpoints; never delete the pointer's target."""
+    if keep is None:
+        return []
+    complete = [p for p in list_checkpoints(output_dir) if is_complete(p)]
+    removed = complete[:-keep] if len(complete) > keep else []
+    for path in removed:
+        # Drop the manifest first: a half-deleted directory must never look complete.
+        (path / MANIFEST).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def remove_all(output_dir: Path) -> None:
+    """`--resume never`: forget every earlier checkpoint so a later `--resume auto` cannot mix two runs."""
+    (output_dir / POINTER).unlink(missing_ok=True)
+    for path in list_checkpoints(output_dir):
+        (path / MANIFEST).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,244 @@
+"""ZeRO checkpoint -> plain Hugging Face directory (safetensors + config + tokenizer), or a peft LoRA adapter.
+
+Streams: DeepSpeed's `get_fp32_state_dict_from_zero_checkpoint(lazy_mode=True)` maps the optimizer shards
+(torch.load mmap) and hands back lazy tensors; we materialize one output shard at a time, write it, and
+drop it, so host memory stays near the largest shard rather than the whole model. Every tensor's shape is
+checked against the model config (a ZeRO-3 export must never write an empty or mis-shaped tensor).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+from collections.abc import Iterator
+from pathlib import Path
+
+from zero_kit import checkpoint
+from zero_kit.errors import UserError
+
+PEFT_PREFIX = "base_model.model."
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far (getrusage ru_maxrss, KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def export_checkpoint(
+    checkpoint_dir: Path, out_dir: Path, *, merge: bool = False, dtype: str = "fp32", max_shard_mib: int = 1024
+) -> Path:
+    """Write `out_dir` from a complete `checkpoint-N` written by `zero-kit train`; returns `out_dir`."""
+    checkpoint_dir = Path(checkpoint_dir)
+    info = _run_info(checkpoint_dir)
+    options = info["options"]
+    lazy = _lazy_state_dict(checkpoint_dir)
+    from zero_kit import model as zk_model
+
+    config = zk_model.build_config(options.get("model"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if options.get("lora_r") is None:
+        _write_model(_full_tensors(lazy), config, out_dir, dtype, max_shard_mib)
+    elif merge:
+        _write_model(_merged_tensors(lazy, _lora_scale(options)), config, out_dir, dtype, max_shard_mib)
+    else:
+        _write_adapter(lazy, options, config, out_dir, dtype, max_shard_mib)
+    zk_model.load_tokenizer(options.get("model")).save_pretrained(out_dir)
+    return out_dir
+
+
+def _run_info(checkpoint_dir: Path) -> dict:
+    if not checkpoint_dir.is_dir():
+        raise UserError(
+            f"{checkpoint_dir}: no such checkpoint directory", "give OUTPUT/checkpoint-N from zero-kit train"
+        )
+    if not checkpoint.is_complete(checkpoint_dir):
+        raise UserError(
+            f"{checkpoint_dir}: incomplete checkpoint (no {checkpoint.MANIFEST} or files missing: a save was cut short)",
+            f"export the checkpoint named in {checkpoint_dir.parent / checkpoint.POINTER}",
+        )
+    try:
+        return json.loads((checkpoint_dir / checkpoint.RUN_INFO).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UserError(
+            f"{checkpoint_dir}: cannot read {checkpoint.RUN_INFO} ({err})", "re-save the checkpoint"
+        ) from err
+
+
+def _lazy_state_dict(checkpoint_dir: Path) -> dict:
+    import contextlib
+    import io
+
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    # zero_to_fp32 prints progress to stdout; keep the command's own output readable.
+    with contextlib.redirect_stdout(io.StringIO()):
+        return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), lazy_mode=True)
+
+
+def _materialize(lazy_tensor):
+    import torch
+
+    tensor = lazy_tensor.contiguous()
+    # zero-1/2 hand back views into the mmapped flat partition: clone so the shard owns its memory.
+    return tensor.clone() if isinstance(lazy_tensor, torch.Tensor) and tensor is lazy_tensor else tensor
+
+
+def _full_tensors(lazy: dict) -> Iterator[tuple[str, object]]:
+    for name in list(lazy):
+        yield name, lazy.pop(name)
+
+
+def _strip_peft(name: str) -> str:
+    name = name.removeprefix(PEFT_PREFIX)
+    return name.replace(".base_layer.", ".")
+
+
+def _lora_scale(options: dict) -> float:
+    alpha = options.get("lora_alpha")
+    r = options["lora_r"]
+    return (alpha if alpha is not None else 2 * r) / r
+
+
+def _merged_tensors(lazy: dict, scale: float) -> Iterator[tuple[str, object]]:
+    """Base weights with W + scale * B @ A folded in; adapter tensors themselves are not written."""
+    for name in [n for n in lazy if ".lora_" not in n]:
+        tensor = lazy[name]
+        if ".base_layer.weight" in name:
+            stem = name.removesuffix(".base_layer.weight")
+            tensor = _LazyMerge(
+                tensor, lazy[f"{stem}.lora_A.default.weight"], lazy[f"{stem}.lora_B.default.weight"], scale
+            )
+        yield _strip_peft(name), tensor
+
+
+class _LazyMerge:
+    """W + scale * B @ A, computed only when its shard is written (keeps --merge streaming)."""
+
+    def __init__(self, base, lora_a, lora_b, scale: float):
+        self.shape, self._parts, self._scale = base.shape, (base, lora_a, lora_b), scale
+
+    def contiguous(self):
+        base, lora_a, lora_b = (_materialize(part) for part in self._parts)
+        return base + self._scale * (lora_b @ lora_a)
+
+
+def _expected_shapes(config) -> dict[str, tuple[int, ...]]:
+    import torch
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    # The class itself, not from_config: inside a ZeRO-3 run (the end-of-training export) from_config would
+    # enter deepspeed.zero.Init and start collectives on rank 0 alone. Meta tensors: shapes only, no memory.
+    with torch.device("meta"):
+        skeleton = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)
+    return {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}
+
+
+def _write_model(tensors: Iterator, config, out_dir: Path, dtype: str, max_shard_mib: int) -> None:
+    expected = _expected_shapes(config)
+    plan = _plan_shards(list(tensors), expected, dtype, max_shard_mib * 2**20)
+    _write_shards(plan, out_dir, "model", expected)
+    config.save_pretrained(out_dir)
+    _generation_config(config).save_pretrained(out_dir)
+
+
+def _generation_config(config):
+    from transformers import GenerationConfig
+
+    return GenerationConfig.from_model_config(config)
+
+
+def _plan_shards(named: list, expected: dict | None, dtype: str, max_bytes: int) -> list[list]:
+    """Group (name, lazy tensor) pairs into shards of at most `max_bytes` (sizes from shapes, nothing loaded)."""
+    if expected is not None:
+        _check_names(named, expected)
+    itemsize = 4 if dtype == "fp32" else 2
+    shards: list[list] = [[]]
+    size = 0
+    for name, lazy in named:
+        nbytes = _numel(lazy.shape) * itemsize
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, lazy, dtype))
+        size += nbytes
+    return shards
+
+
+def _numel(shape) -> int:
+    total = 1
+    for dim in shape:
+        total *= int(dim)
+    return total
+
+
+def _check_names(named: list, expected: dict) -> None:
+    got = {name for name, _ in named}
+    missing = sorted(set(expected) - got)
+    # Rotary inv_freq and similar non-persistent buffers are not in the skeleton's state_dict.
+    unexpected = sorted(got - set(expected))
+    if missing or unexpected:
+        raise UserError(
+            f"checkpoint does not match the model config: missing {missing[:5]}, unexpected {unexpected[:5]}",
+            "export with the same --model the run was trained with",
+        )
+
+
+def _write_shards(plan: list[list], out_dir: Path, stem: str, expected: dict | None) -> None:
+    from safetensors.torch import save_file
+
+    count = len(plan)
+    weight_map = {}
+    for index, shard in enumerate(plan, start=1):
+        filename = f"{stem}.safetensors" if count == 1 else f"{stem}-{index:05d}-of-{count:05d}.safetensors"
+        tensors = {name: _convert(name, lazy, dtype, expected) for name, lazy, dtype in shard}
+        save_file(tensors, str(out_dir / filename), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, filename))
+        del tensors  # the shard is on disk: free it before materializing the next one
+    if count > 1:
+        index_file = {"metadata": {}, "weight_map": weight_map}
+        (out_dir / f"{stem}.safetensors.index.json").write_text(json.dumps(index_file, indent=2) + "\n")
+
+
+def _convert(name: str, lazy, dtype: str, expected: dict | None):
+    import torch
+
+    tensor = _materialize(lazy)
+    shape = tuple(tensor.shape)
+    want = expected.get(name, shape) if expected is not None else shape
+    if tensor.numel() == 0 or shape != want:
+        raise UserError(f"export: tensor {name} has shape {shape}, expected {want}", "the checkpoint is damaged")
+    if tensor.is_floating_point():
+        tensor = tensor.to({"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype])
+    return tensor.contiguous()
+
+
+def _write_adapter(lazy: dict, options: dict, config, out_dir: Path, dtype: str, max_shard_mib: int) -> None:
+    """peft adapter dir (adapter_config.json + adapter_model.safetensors); for the embedded default model,
+    whose base exists nowhere on disk, the base weights go to OUT/base and the adapter points there."""
+    from peft import LoraConfig
+
+    adapter = [(n.replace(".default.", "."), lazy[n]) for n in lazy if ".lora_" in n]
+    base_dir = Path(options["model"]).resolve() if options.get("model") else (out_dir / "base").resolve()
+    if not options.get("model"):
+        base_dir.mkdir(parents=True, exist_ok=True)
+        _write_model(_merged_base(lazy), config, base_dir, dtype, max_shard_mib)
+    _write_shards(_plan_shards(adapter, None, dtype, 2**62), out_dir, "adapter_model", None)
+    r = options["lora_r"]
+    targets = [t.strip() for t in options["lora_targets"].split(",") if t.strip()]
+    alpha = options.get("lora_alpha") if options.get("lora_alpha") is not None else 2 * r
+    lora = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=options.get("lora_dropout", 0.0), target_modules=targets)
+    lora.base_model_name_or_path = str(base_dir)
+    lora.task_type = "CAUSAL_LM"
+    lora.save_pretrained(str(out_dir))
+
+
+def _merged_base(lazy: dict) -> Iterator[tuple[str, object]]:
+    for name in [n for n in lazy if ".lora_" not in n]:
+        yield _strip_peft(name), lazy[name]
+
+
+def describe(out_dir: Path) -> str:
+    files = sorted(p.name for p in out_dir.iterdir() if p.is_file())
+    size = sum((out_dir / f).stat().st_size for f in files if f.endswith(".safetensors"))
+    return f"{out_dir} ({len(files)} files, {size / 2**20:.1f} MiB of safetensors)"

@@ -1,0 +1,139 @@
+"""Python API for people with their own Hugging Face `Trainer` script.
+
+from transformers import Trainer, TrainingArguments
+from zero_kit.hf import ThroughputCallback, deepspeed_config
+
+ds = deepspeed_config(stage=3, offload_optimizer="cpu")          # same options as `zero-kit train`
+args = TrainingArguments("out", deepspeed=ds, per_device_train_batch_size=4,
+                         include_num_input_tokens_seen=True, bf16=True)   # before building the model (ZeRO-3 init)
+model = AutoModelForCausalLM.from_pretrained("my-llama")
+trainer = Trainer(model=model, args=args, train_dataset=ds_train,
+                  callbacks=[ThroughputCallback(model)])          # logs tokens_per_s (and mfu on GPU)
+trainer.train()
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from zero_kit.errors import UserError
+from zero_kit.train_options import TrainOptions, check_options, zero_spec
+
+
+def deepspeed_config(**options: Any) -> dict:
+    """The DeepSpeed dict for `TrainingArguments(deepspeed=...)`, from the same options as `zero-kit train`
+    (e.g. `stage=3, offload_optimizer="cpu"`, or `ds_config="my.json"` to lint and load a file)."""
+    return trainer_ds_config(TrainOptions(**options))
+
+
+def adopt_file_values(opts: TrainOptions, config: dict) -> TrainOptions:
+    """With --ds-config, concrete numbers in the file win over flags left at their defaults: the HF Trainer
+    refuses a config whose batch or optimizer values differ from its own arguments."""
+    import dataclasses
+
+    defaults = TrainOptions()
+    params = config.get("optimizer", {}).get("params", {}) if isinstance(config.get("optimizer"), dict) else {}
+    sources = {
+        "micro_batch": config.get("train_micro_batch_size_per_gpu"),
+        "grad_accum": config.get("gradient_accumulation_steps"),
+        "lr": params.get("lr"),
+        "weight_decay": params.get("weight_decay"),
+        "gradient_clipping": config.get("gradient_clipping"),
+    }
+    changes = {
+        name: value
+        for name, value in sources.items()
+        if isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and getattr(opts, name) == getattr(defaults, name)
+    }
+    return dataclasses.replace(opts, **changes)
+
+
+def trainer_ds_config(opts: TrainOptions) -> dict:
+    """Generated from `--stage` and friends ("auto" values, filled by the Trainer), or the linted `--ds-config`."""
+    check_options(opts)
+    if opts.ds_config is None:
+        from zero_kit.ds_config import build_ds_config
+
+        return build_ds_config(zero_spec(opts))
+    return _load_and_lint(Path(opts.ds_config))
+
+
+def _load_and_lint(path: Path) -> dict:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise UserError(f"--ds-config {path}: cannot read it ({err.strerror})", "give an existing JSON file") from err
+    except ValueError as err:
+        raise UserError(f"--ds-config {path}: not valid JSON ({err})", "check it with `zero-kit validate`") from err
+    if not isinstance(config, dict):
+        raise UserError(f"--ds-config {path}: the top level must be a JSON object", "see ds_configs/ for examples")
+    errors = [p for p in _lint(config) if getattr(p, "severity", "error") == "error"]
+    if errors:
+        lines = "\n".join(f"  {p}" for p in errors)
+        raise UserError(f"--ds-config {path} has {len(errors)} error(s) for the HF Trainer:\n{lines}", "fix them first")
+    return config
+
+
+def _lint(config: dict) -> list:
+    from zero_kit.lint import LintContext, lint
+
+    return lint(config, LintContext(target="hf-trainer"))
+
+
+class ThroughputCallback(TrainerCallback):
+    """Adds `tokens_per_s` (all ranks together, since the previous log) and, on a known GPU, `mfu` to each
+    log entry. Needs `TrainingArguments(include_num_input_tokens_seen=True)` (tokens are counted by the Trainer).
+    MFU = tokens/s per device x FLOPs per token / device dense peak (zero_kit.metrics)."""
+
+    def __init__(self, model=None, seq_len: int | None = None):
+        self._flops_per_token = _flops_per_token(model, seq_len) if model is not None else None
+        self._last_time: float | None = None
+        self._last_tokens = 0
+        self.last: dict[str, float] = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last_time = time.perf_counter()
+        self._last_tokens = state.num_input_tokens_seen
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is None or "loss" not in logs or self._last_time is None:
+            return
+        now = time.perf_counter()
+        tokens = state.num_input_tokens_seen - self._last_tokens
+        if tokens > 0 and now > self._last_time:
+            logs["tokens_per_s"] = round(tokens / (now - self._last_time), 1)
+            value = self._mfu(args, logs["tokens_per_s"])
+            if value is not None:
+                logs["mfu"] = round(value, 4)
+        self._last_time, self._last_tokens = now, state.num_input_tokens_seen
+        self.last = dict(logs)
+
+    def _mfu(self, args, tokens_per_s: float) -> float | None:
+        import torch
+
+        if self._flops_per_token is None or not torch.cuda.is_available():
+            return None
+        from zero_kit import metrics
+
+        precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+        peak = metrics.peak_flops(torch.cuda.get_device_name(), precision)
+        return metrics.mfu(tokens_per_s / max(args.world_size, 1), self._flops_per_token, peak)
+
+
+def _flops_per_token(model, seq_len: int | None) -> float | None:
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    from zero_kit import metrics
+
+    # ds_numel: under ZeRO-3 a rank's parameter tensors are empty; DeepSpeed records the full size.
+    n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    seq = seq_len or getattr(config, "max_position_embeddings", 0)
+    return metrics.flops_per_token(n_params, config.num_hidden_layers, config.hidden_size, seq)

@@ -1,0 +1,320 @@
+"""The fine-tuning job: HF Trainer + DeepSpeed ZeRO, full or LoRA, crash-safe checkpoints, resume, export.
+
+One entry for one rank or many: under `deepspeed`, `torchrun` or `accelerate launch` this process is one
+rank; started plainly with `--nproc N` it re-launches itself under the `deepspeed` launcher
+(zero_kit.train_launch). The DeepSpeed config comes from zero_kit.ds_config (or a linted --ds-config).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from zero_kit import checkpoint
+from zero_kit.errors import UserError
+from zero_kit.train_launch import RELAUNCHED, relaunch, single_process_env, slurm_to_torch_env, under_launcher
+from zero_kit.train_options import EXIT_PREEMPTED, TrainOptions, check_options, default_lr
+
+FINAL_DIR = "final"
+PROBE_ENV = "ZERO_KIT_PROBE_LOGITS"  # tests: rank 0 saves the trained model's logits on a fixed batch here
+
+
+def run_train(opts: TrainOptions) -> int:
+    """Run `zero-kit train`; returns the process exit code (0, or EXIT_PREEMPTED after SIGTERM)."""
+    check_options(opts)
+    os.environ.update(slurm_to_torch_env(dict(os.environ)))
+    if not under_launcher():
+        if opts.nproc and opts.nproc > 1 and not os.environ.get(RELAUNCHED):
+            return relaunch(opts, opts.nproc)
+        from zero_kit.train_launch import free_port
+
+        os.environ.update(single_process_env(opts.master_port or free_port()))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        return _run_rank(opts)
+    finally:
+        _destroy_process_group()
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _run_rank(opts: TrainOptions) -> int:
+    from zero_kit.hf import adopt_file_values, trainer_ds_config
+
+    output = Path(opts.output)
+    ds_config = trainer_ds_config(opts)
+    opts = adopt_file_values(opts, ds_config)
+    # TrainingArguments(deepspeed=...) must exist before the model: it registers HfDeepSpeedConfig, so a
+    # ZeRO-3 model is built inside deepspeed.zero.Init and no rank ever holds all of it.
+    args = _training_arguments(opts, ds_config, output)
+    _init_deepspeed_comm(args)
+    resume_from = _resolve_resume(opts, output, args)
+    tokenizer, model, held = _build_model(opts)
+    dataset, collator, stats = _build_data(opts, tokenizer)
+    run_info = _run_info(opts, ds_config, args, held, stats)
+    if args.process_index == 0:
+        output.mkdir(parents=True, exist_ok=True)
+        checkpoint.atomic_write_text(output / checkpoint.RUN_INFO, json.dumps(run_info, indent=1) + "\n")
+        _print_start(opts, args, held, stats, resume_from, run_info["zero_stage"])
+    trainer, preemption = _trainer(opts, args, model, tokenizer, dataset, collator, output, run_info)
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    if preemption.stopped:
+        if args.process_index == 0:
+            print(f"zero-kit train: preempted; checkpoint saved, exit {EXIT_PREEMPTED}", file=sys.stderr)
+        return EXIT_PREEMPTED
+    _probe_logits(trainer, dataset, collator)
+    if opts.export:
+        _export_final(output, args)
+    return 0
+
+
+def _training_arguments(opts: TrainOptions, ds_config: dict, output: Path):
+    import torch
+    from transformers import TrainingArguments
+
+    on_gpu = torch.cuda.is_available()
+    precision = _precision(opts.precision, on_gpu)
+    return TrainingArguments(
+        output_dir=str(output),
+        deepspeed=ds_config,
+        use_cpu=not on_gpu,
+        ddp_backend=None if on_gpu else "gloo",
+        ddp_timeout=opts.collective_timeout,
+        per_device_train_batch_size=opts.micro_batch,
+        gradient_accumulation_steps=opts.grad_accum,
+        learning_rate=default_lr(opts),
+        lr_scheduler_type=opts.lr_scheduler,
+        warmup_steps=opts.warmup_steps,
+        weight_decay=opts.weight_decay,
+        max_grad_norm=opts.gradient_clipping,
+        max_steps=opts.max_steps or -1,
+        num_train_epochs=opts.epochs,
+        save_strategy="steps" if opts.save_steps else "no",
+        save_steps=opts.save_steps or 500,
+        save_total_limit=None,  # rotation is ours: only after a newer checkpoint is complete
+        logging_steps=opts.log_steps,
+        seed=opts.seed,
+        data_seed=opts.seed,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        gradient_checkpointing=opts.activation_checkpointing,
+        include_num_input_tokens_seen="non_padding",
+        report_to=[],
+        disable_tqdm=True,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        save_only_model=False,
+    )
+
+
+def _init_deepspeed_comm(args) -> None:
+    """zero.Init reads the world size from deepspeed.comm, which the Trainer only sets up later (at
+    deepspeed.initialize); without this a ZeRO-3 model would be built for a world of one."""
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo" if args.use_cpu else "nccl", timeout=_timedelta(args.ddp_timeout))
+
+
+def _timedelta(seconds: int):
+    from datetime import timedelta
+
+    return timedelta(seconds=seconds)
+
+
+def _precision(choice: str, on_gpu: bool) -> str:
+    import torch
+
+    if choice == "auto":
+        if not on_gpu:
+            return "fp32"
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if choice in ("bf16", "fp16") and not on_gpu:
+        raise UserError(
+            f"--precision {choice} needs a GPU; this host has none", "use --precision fp32 (or auto) on CPU"
+        )
+    return choice
+
+
+def _resolve_resume(opts: TrainOptions, output: Path, args) -> Path | None:
+    """auto: newest complete checkpoint (incomplete leftovers are deleted); never: fresh; else the given path."""
+    import torch.distributed as dist
+
+    if opts.resume == "never":
+        if args.process_index == 0 and checkpoint.list_checkpoints(output):
+            print(f"zero-kit train: --resume never: removing earlier checkpoints in {output}", file=sys.stderr)
+            checkpoint.remove_all(output)
+        found = None
+    elif opts.resume == "auto":
+        found = checkpoint.newest_complete(output)
+    else:
+        found = Path(opts.resume)
+        if not checkpoint.is_complete(found):
+            raise UserError(
+                f"--resume {found}: not a complete zero-kit checkpoint (no {checkpoint.MANIFEST} or files missing)",
+                "give a checkpoint-N directory written by zero-kit train, or use --resume auto",
+            )
+    if opts.resume != "never" and args.process_index == 0:
+        checkpoint.remove_incomplete(output)
+    if dist.is_initialized():
+        dist.barrier()
+    return found
+
+
+def _build_model(opts: TrainOptions):
+    """Tokenizer and model (LoRA-wrapped if asked); `held` = parameter elements each rank holds right after
+    construction, gathered from all ranks: under ZeRO-3 every entry is about total / world size."""
+    import torch
+
+    from zero_kit import model as zk_model
+
+    tokenizer = zk_model.load_tokenizer(opts.model)
+    model = zk_model.load_model(opts.model, dtype=torch.float32, seed=opts.seed)
+    held = _gather_held_elements(model)
+    if opts.activation_checkpointing:
+        model.config.use_cache = False
+    if opts.lora_r is not None:
+        model = _apply_lora(model, opts)
+    return tokenizer, model, held
+
+
+def _gather_held_elements(model) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    local = sum(p.numel() + (p.ds_tensor.numel() if hasattr(p, "ds_tensor") else 0) for p in model.parameters())
+    total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    per_rank = [local]
+    if dist.is_initialized():
+        tensor = torch.zeros(dist.get_world_size(), dtype=torch.int64)
+        tensor[dist.get_rank()] = local
+        dist.all_reduce(tensor)
+        per_rank = tensor.tolist()
+    return {"total_parameters": total, "elements_held_per_rank": per_rank}
+
+
+def _apply_lora(model, opts: TrainOptions):
+    from peft import LoraConfig, get_peft_model
+
+    targets = [name.strip() for name in opts.lora_targets.split(",") if name.strip()]
+    config = LoraConfig(
+        r=opts.lora_r,
+        lora_alpha=opts.lora_alpha if opts.lora_alpha is not None else 2 * opts.lora_r,
+        lora_dropout=opts.lora_dropout,
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as err:
+        raise UserError(f"--lora-targets {opts.lora_targets}: {err}", "name Linear modules of the model") from err
+
+
+def _build_data(opts: TrainOptions, tokenizer):
+    from zero_kit import data as zk_data
+
+    rows = zk_data.load_dataset_rows([opts.data] if opts.data else None, opts.format)
+    dataset, stats = zk_data.tokenize_dataset(
+        rows, tokenizer, opts.format, opts.max_length, skip_bad=opts.skip_bad, pack=opts.pack
+    )
+    return dataset, zk_data.DataCollator(tokenizer.pad_token_id), stats
+
+
+def _run_info(opts: TrainOptions, ds_config: dict, args, held: dict, stats) -> dict:
+    """What `zero-kit export` needs to rebuild the model, plus what a reader of the run wants to know."""
+    stats_dict = {k: v for k, v in vars(stats).items() if isinstance(v, (int, str))}
+    return {
+        "options": asdict(opts),
+        "world_size": args.world_size,
+        "zero_stage": ds_config.get("zero_optimization", {}).get("stage", 0),
+        "zero3_init": held,
+        "data": stats_dict,
+    }
+
+
+def _print_start(opts, args, held, stats, resume_from, stage) -> None:
+    per_rank = ", ".join(f"{n:,}" for n in held["elements_held_per_rank"])
+    print(
+        f"zero-kit train: {args.world_size} rank(s), ZeRO stage {stage}, {'LoRA r=' + str(opts.lora_r) if opts.lora_r else 'full fine-tuning'}; "
+        f"model {held['total_parameters']:,} parameters, held per rank after construction: [{per_rank}]",
+        flush=True,
+    )
+    print(f"zero-kit train: {stats.summary()}", flush=True)
+    print(f"zero-kit train: {'resuming from ' + str(resume_from) if resume_from else 'starting fresh'}", flush=True)
+
+
+def _trainer(opts, args, model, tokenizer, dataset, collator, output: Path, run_info: dict):
+    from transformers import PrinterCallback, Trainer
+
+    from zero_kit.hf import ThroughputCallback
+    from zero_kit.train_callbacks import (
+        CompleteCheckpointCallback,
+        PreemptionCallback,
+        ProgressCallback,
+        SaveAtEndCallback,
+    )
+
+    throughput = ThroughputCallback(model, seq_len=opts.max_length)
+    preemption = PreemptionCallback()
+    callbacks = [
+        throughput,
+        ProgressCallback(output, throughput),
+        SaveAtEndCallback(),
+        preemption,
+        CompleteCheckpointCallback(output, opts.save_total_limit, run_info),
+    ]
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=collator,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+    )
+    trainer.remove_callback(PrinterCallback)  # our ProgressCallback prints the same, readably, on rank 0 only
+    return trainer, preemption
+
+
+def _probe_logits(trainer, dataset, collator) -> None:
+    """Test hook: every rank runs the forward (ZeRO-3 gathers parameters), rank 0 saves the fp32 logits."""
+    path = os.environ.get(PROBE_ENV)
+    if not path:
+        return
+    import torch
+
+    batch = collator([dataset[0], dataset[1]])
+    engine = trainer.model_wrapped
+    engine.eval()
+    with torch.no_grad():
+        inputs = {k: v.to(trainer.args.device) for k, v in batch.items() if k in ("input_ids", "attention_mask")}
+        logits = engine(**inputs).logits.float().cpu()
+    if trainer.args.process_index == 0:
+        torch.save(
+            {
+                "input_ids": inputs["input_ids"].cpu(),
+                "attention_mask": inputs["attention_mask"].cpu(),
+                "logits": logits,
+            },
+            path,
+        )
+
+
+def _export_final(output: Path, args) -> None:
+    # Rank 0 only and no barrier afterwards: a long export must not trip the other ranks' collective timeout.
+    if args.process_index == 0:
+        from zero_kit.export import export_checkpoint
+
+        ckpt = checkpoint.newest_complete(output)
+        if ckpt is None:
+            raise UserError(f"no complete checkpoint in {output} to export", "run with --save-steps or check the log")
+        result = export_checkpoint(ckpt, output / FINAL_DIR)
+        print(f"zero-kit train: exported {ckpt.name} to {result}", flush=True)

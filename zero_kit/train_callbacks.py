@@ -1,0 +1,145 @@
+"""Trainer callbacks of `zero-kit train`: progress and JSONL log (rank 0), complete-checkpoint marking,
+and SIGTERM preemption (finish the step, save, stop)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+from transformers import TrainerCallback
+
+from zero_kit import checkpoint
+
+LOG_FILE = "train_log.jsonl"
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+class ProgressCallback(TrainerCallback):
+    """Rank 0: one line per logged step (step, loss, lr, tokens/s, ETA) and the same record in OUTPUT/train_log.jsonl."""
+
+    def __init__(self, output_dir: Path, throughput):
+        self.log_path = output_dir / LOG_FILE
+        self.throughput = throughput
+        self._start = time.perf_counter()
+        self._start_step = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._start = time.perf_counter()
+        self._start_step = state.global_step
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or "loss" not in logs:
+            return
+        elapsed = time.perf_counter() - self._start
+        done = state.global_step - self._start_step
+        eta = elapsed / done * (state.max_steps - state.global_step) if done else None
+        record = {
+            "step": state.global_step,
+            "max_steps": state.max_steps,
+            "epoch": round(state.epoch or 0.0, 4),
+            "loss": logs["loss"],
+            "lr": logs.get("learning_rate"),
+            "grad_norm": logs.get("grad_norm"),
+            "tokens_seen": state.num_input_tokens_seen,
+            "tokens_per_s": logs.get("tokens_per_s"),
+            "mfu": logs.get("mfu"),
+            "elapsed_s": round(elapsed, 2),
+            "eta_s": None if eta is None else round(eta, 1),
+        }
+        with open(self.log_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        print(_progress_line(record), flush=True)
+
+
+def _progress_line(r: dict) -> str:
+    width = len(str(r["max_steps"]))
+    bar_len = 20
+    filled = int(bar_len * r["step"] / max(r["max_steps"], 1))
+    parts = [f"[{'#' * filled}{'.' * (bar_len - filled)}] step {r['step']:>{width}}/{r['max_steps']}"]
+    parts.append(f"loss {r['loss']:.4f}")
+    if r["lr"] is not None:
+        parts.append(f"lr {r['lr']:.2e}")
+    if r["tokens_per_s"] is not None:
+        parts.append(f"{r['tokens_per_s']:.0f} tok/s")
+    if r["mfu"] is not None:
+        parts.append(f"MFU {100 * r['mfu']:.1f}%")
+    if r["eta_s"] is not None:
+        parts.append(f"ETA {_clock(r['eta_s'])}")
+    return "  ".join(parts)
+
+
+def _clock(seconds: float) -> str:
+    minutes, sec = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{sec:02d}" if hours else f"{minutes}:{sec:02d}"
+
+
+class CompleteCheckpointCallback(TrainerCallback):
+    """After the Trainer saved `checkpoint-N` on every rank: fsync, barrier, then rank 0 writes the manifest and
+    moves `latest_complete` (see zero_kit.checkpoint), then old complete checkpoints are rotated out."""
+
+    def __init__(self, output_dir: Path, keep: int | None, run_info: dict):
+        self.output_dir = output_dir
+        self.keep = keep
+        self.run_info = run_info
+
+    def on_save(self, args, state, control, **kwargs):
+        ckpt = self.output_dir / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero:
+            checkpoint.atomic_write_text(ckpt / checkpoint.RUN_INFO, json.dumps(self.run_info, indent=1) + "\n")
+        checkpoint.fsync_tree(ckpt)
+        _barrier()
+        if state.is_world_process_zero:
+            checkpoint.write_manifest(ckpt, step=state.global_step, world_size=args.world_size)
+            checkpoint.rotate(self.output_dir, self.keep)
+        _barrier()
+
+
+class SaveAtEndCallback(TrainerCallback):
+    """Always leave a checkpoint of the last step (the export and `--resume` start from it)."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps:
+            control.should_save = True
+
+
+class PreemptionCallback(TrainerCallback):
+    """SIGTERM (SLURM's notice before preemption) -> finish the current step, save a complete checkpoint, stop.
+
+    Ranks may receive the signal at different steps, so they agree through a max all-reduce of the flag
+    at every step end; all of them then save the same step. The CLI exits with EXIT_PREEMPTED."""
+
+    def __init__(self):
+        self.requested = False
+        self.stopped = False
+        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame):
+        self.requested = True
+        print("zero-kit train: SIGTERM received, saving a checkpoint after this step", file=sys.stderr, flush=True)
+
+    def _anyone_requested(self) -> bool:
+        if not (dist.is_available() and dist.is_initialized()):
+            return self.requested
+        import torch
+
+        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._anyone_requested():
+            self.stopped = True
+            control.should_save = True
+            control.should_training_stop = True
+
+    def on_train_end(self, args, state, control, **kwargs):
+        signal.signal(signal.SIGTERM, self._previous)

@@ -1,0 +1,79 @@
+"""Where this process runs: under a launcher (one rank), or started plainly (re-launch under `deepspeed`).
+
+`deepspeed`, `torchrun` and `accelerate launch` all export RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR /
+MASTER_PORT to each rank; SLURM's srun exports SLURM_PROCID / SLURM_NTASKS instead, which we translate.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+from zero_kit.train_options import TrainOptions, options_to_argv
+
+RELAUNCHED = "ZERO_KIT_RELAUNCHED"
+
+
+def under_launcher(env: dict[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return "WORLD_SIZE" in env and "RANK" in env
+
+
+def slurm_to_torch_env(env: dict[str, str]) -> dict[str, str]:
+    """srun started one task per rank: derive the torch.distributed variables from SLURM's (empty otherwise)."""
+    if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env or under_launcher(env):
+        return {}
+    return {
+        "RANK": env["SLURM_PROCID"],
+        "WORLD_SIZE": env["SLURM_NTASKS"],
+        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+        "MASTER_ADDR": env.get("MASTER_ADDR", "127.0.0.1"),
+        "MASTER_PORT": env.get("MASTER_PORT", "29500"),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def single_process_env(port: int) -> dict[str, str]:
+    """A world of one, so DeepSpeed and the Trainer need no launcher for `zero-kit train` without --nproc."""
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def relaunch_command(opts: TrainOptions, nproc: int, port: int) -> list[str]:
+    """`python -m deepspeed.launcher.runner --num_gpus N ... --module zero_kit.cli train <same flags>`.
+
+    On a CPU-only host DeepSpeed's CPU accelerator treats --num_gpus as the number of ranks."""
+    return [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        str(nproc),
+        "--master_port",
+        str(port),
+        "--no_local_rank",  # with --module the launcher would put --local_rank before our subcommand
+        "--module",
+        "zero_kit.cli",
+        "train",
+        *options_to_argv(opts, drop=("nproc", "master_port")),
+    ]
+
+
+def relaunch(opts: TrainOptions, nproc: int) -> int:
+    """Run the same job under the `deepspeed` launcher and return its exit code."""
+    port = opts.master_port or free_port()
+    cmd = relaunch_command(opts, nproc, port)
+    env = {**os.environ, RELAUNCHED: "1", "PYTHONUNBUFFERED": "1"}
+    print("zero-kit train: launching", " ".join(cmd[1:]), flush=True)
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        return proc.wait()

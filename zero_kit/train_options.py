@@ -1,0 +1,154 @@
+"""Options of `zero-kit train`: one dataclass field per flag, the docstring under a field is its `--help`.
+
+Pure data and pure helpers (no torch import), so `zero-kit train --help` stays fast and the Python
+API (`zero_kit.hf.deepspeed_config`) takes exactly the same options as the CLI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from zero_kit.errors import UserError
+from zero_kit.spec import ZeroSpec
+
+Offload = Literal["none", "cpu", "nvme"]
+
+# Exit code of a run stopped by SIGTERM (SLURM preemption) after it saved a complete checkpoint:
+# EX_TEMPFAIL from sysexits.h, "try again later" -- relaunch with `--resume auto` to continue.
+EXIT_PREEMPTED = 75
+
+DEFAULT_LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj"
+
+
+@dataclass
+class TrainOptions:
+    model: str | None = None
+    """Local Hugging Face model directory (LLaMA, Mistral or Qwen2 layout). Default: the embedded tiny LLaMA."""
+    data: str | None = None
+    """Training data: a JSONL/JSON/CSV/Parquet file, a directory of them, or a saved `datasets` directory. Default: the bundled dataset."""
+    format: Literal["alpaca", "chat", "text"] = "alpaca"
+    """Row format: alpaca (instruction/input/output), chat (a `messages` list) or text (plain causal LM)."""
+    max_length: int = 256
+    """Maximum tokens per example (longer rows are errors, or skipped with --skip-bad)."""
+    pack: bool = False
+    """Pack short examples into full --max-length sequences (labels never cross example boundaries)."""
+    skip_bad: bool = False
+    """Skip (and count in the log) bad rows instead of stopping with an error naming file and row."""
+    ds_config: str | None = None
+    """An existing DeepSpeed JSON config (linted for the HF Trainer first). Excludes --stage and the offload flags."""
+    stage: Literal[0, 1, 2, 3] | None = None
+    """ZeRO stage of the generated config (default 2): 1 shards optimizer state, 2 also gradients, 3 also parameters."""
+    offload_optimizer: Offload = "none"
+    """Offload optimizer state to cpu or nvme (generated config only)."""
+    offload_param: Offload = "none"
+    """Offload parameters to cpu or nvme, stage 3 only (generated config only)."""
+    nvme_path: str | None = None
+    """NVMe directory for nvme offload."""
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    """Training precision. auto: bf16 on a GPU that supports it, else fp16 on GPU, fp32 on CPU."""
+    micro_batch: int = 4
+    """Examples per rank per forward pass (per_device_train_batch_size)."""
+    grad_accum: int = 1
+    """Micro batches accumulated before each optimizer step."""
+    lr: float | None = None
+    """Peak learning rate. Default: 1e-3 for the embedded tiny model, 2e-4 with LoRA, 2e-5 for full fine-tuning of --model."""
+    lr_scheduler: Literal["cosine", "linear", "constant"] = "cosine"
+    """Learning-rate schedule after warm-up."""
+    warmup_steps: int = 0
+    """Linear warm-up steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    gradient_clipping: float = 1.0
+    """Clip gradients to this global norm (0 disables)."""
+    lora_r: int | None = None
+    """LoRA rank: train low-rank adapters (peft) instead of all weights. Default: full fine-tuning."""
+    lora_alpha: float | None = None
+    """LoRA scaling alpha (default 2 x --lora-r)."""
+    lora_targets: str = DEFAULT_LORA_TARGETS
+    """Comma-separated module names that get LoRA adapters."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input."""
+    activation_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, about a third more compute."""
+    output: str = "zero-kit-out"
+    """Output directory: checkpoints, train_log.jsonl, and the exported model in final/."""
+    max_steps: int | None = None
+    """Optimizer steps to run (default: one pass over the data, see --epochs)."""
+    epochs: float = 1.0
+    """Passes over the data when --max-steps is not given."""
+    save_steps: int | None = None
+    """Write a DeepSpeed checkpoint every N optimizer steps (a final one is always written)."""
+    save_total_limit: int | None = 2
+    """Keep only the newest N complete checkpoints (older ones are deleted only after a newer one is complete)."""
+    resume: str = "auto"
+    """auto: continue from the newest complete checkpoint in --output if any; never: start fresh; or a checkpoint directory."""
+    export: bool = True
+    """At the end, export a plain Hugging Face directory (or LoRA adapter) to OUTPUT/final."""
+    nproc: int | None = None
+    """When started plainly: re-launch under the `deepspeed` launcher with N ranks on this machine."""
+    master_port: int | None = None
+    """Rendezvous port for --nproc (default: a free port)."""
+    seed: int = 0
+    """Seed for model init, data order and dropout."""
+    log_steps: int = 1
+    """Log loss, learning rate and tokens/s every N optimizer steps."""
+    collective_timeout: int = 600
+    """Seconds a collective may wait before the job fails (a dead rank stops the job instead of hanging it)."""
+
+
+def options_to_argv(opts: TrainOptions, *, drop: tuple[str, ...] = ()) -> list[str]:
+    """The `zero-kit train` flags that reproduce `opts` (only non-default values), e.g. for a re-launch."""
+    argv: list[str] = []
+    for f in dataclasses.fields(TrainOptions):
+        value = getattr(opts, f.name)
+        if f.name in drop or value == f.default:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def check_options(opts: TrainOptions) -> None:
+    """Every contradiction between flags, collected and reported at once."""
+    problems = []
+    generator_flags = opts.stage is not None or opts.offload_optimizer != "none" or opts.offload_param != "none"
+    if opts.ds_config and generator_flags:
+        problems.append("--ds-config was given together with --stage/--offload-*: the file already decides those")
+    for name in ("micro_batch", "grad_accum", "max_length", "log_steps"):
+        if getattr(opts, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
+    for name in ("max_steps", "save_steps", "nproc", "lora_r", "save_total_limit"):
+        value = getattr(opts, name)
+        if value is not None and value < 1:
+            problems.append(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if opts.lora_r is None and opts.lora_alpha is not None:
+        problems.append("--lora-alpha was given without --lora-r")
+    if opts.resume in ("", None):
+        problems.append("--resume must be auto, never or a checkpoint directory")
+    if problems:
+        raise UserError("; ".join(problems), "fix the flags above (zero-kit train --help lists them all)")
+
+
+def zero_spec(opts: TrainOptions) -> ZeroSpec:
+    """The generator's spec for `--stage` and friends; "auto" values are filled by the HF Trainer from our flags."""
+    return ZeroSpec(
+        stage=2 if opts.stage is None else opts.stage,
+        offload_optimizer=opts.offload_optimizer,
+        offload_param=opts.offload_param,
+        nvme_path=opts.nvme_path,
+        hf_auto=True,
+        gradient_clipping=opts.gradient_clipping,
+    )
+
+
+def default_lr(opts: TrainOptions) -> float:
+    if opts.lr is not None:
+        return opts.lr
+    if opts.lora_r is not None:
+        return 2e-4
+    return 1e-3 if opts.model is None else 2e-5
