@@ -234,6 +234,14 @@ def discover() -> Schema:
 
 
 @functools.cache
+def dtype_names() -> tuple[str, ...]:
+    """The dtype spellings DeepSpeed's DtypeEnum resolves ("bf16", "bfloat16", "torch.bfloat16", ...)."""
+    from deepspeed.runtime.config import DtypeEnum
+
+    return tuple(v for v in DtypeEnum._value2member_map_ if isinstance(v, str))
+
+
+@functools.cache
 def removed_keys() -> dict[str, str]:
     """Keys DeepSpeed rejects outright (removed features), with DeepSpeed's own message."""
     import deepspeed.runtime.config as ds_config
@@ -623,21 +631,37 @@ class _Walk:
             with _quiet():
                 cls(**_without_auto(data))
         except Exception as err:  # pydantic ValidationError, or DeepSpeed's own asserts in validators
-            for path_, value, message in _pydantic_errors(err, path):
+            for path_, value, message, fix in _pydantic_errors(err, path):
                 if path_ not in reported:
-                    self.add("error", path_, value, message, "change the value as the message says")
+                    self.add("error", path_, value, message, fix)
 
 
-def _pydantic_errors(err: Exception, path: str) -> list[tuple[str, Any, str]]:
+_BOUNDS = {"gt": "greater than", "ge": "at least", "lt": "less than", "le": "at most"}
+
+
+def _pydantic_fix(error: dict) -> str:
+    """What to write instead, from the pydantic error's context (allowed values, bounds)."""
+    ctx = error.get("ctx") or {}
+    if "expected" in ctx:
+        return f"use one of {ctx['expected']}"
+    for bound, words in _BOUNDS.items():
+        if bound in ctx:
+            return f"use a value {words} {ctx[bound]}"
+    if error.get("type") == "int_from_float":
+        return "write a whole number"
+    return "correct the value as the message says"
+
+
+def _pydantic_errors(err: Exception, path: str) -> list[tuple[str, Any, str, str]]:
     errors = getattr(err, "errors", None)
     if not callable(errors):
-        return [(path, None, f"DeepSpeed rejects this section: {err}")]
+        return [(path, None, f"DeepSpeed rejects this section: {err}", "correct the section as the message says")]
     out = []
     for e in errors():
         here = path
         for part in e.get("loc", ()):
             here = _join(here, part)
-        out.append((here, e.get("input"), e.get("msg", "invalid value")))
+        out.append((here, e.get("input"), e.get("msg", "invalid value"), _pydantic_fix(e)))
     return out
 
 

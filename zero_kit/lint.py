@@ -119,6 +119,7 @@ def lint(config: Any, context: LintContext | None = None) -> list[Problem]:
     problems += _precision_rules(config)
     problems += _zero_rules(config, context.target)
     problems += _scheduler_rules(config)
+    problems += _dtype_rules(config)
     problems = _dedupe(problems)
     if not any(p.severity == "error" for p in problems):
         problems += ds_schema.check_with_deepspeed(config, world_size, autos)
@@ -454,4 +455,20 @@ def _scheduler_rules(config: dict) -> list[Problem]:
                 f"set total_num_steps to at least {warmup}",
             )
         )
+    return problems
+
+
+def _dtype_rules(config: dict) -> list[Problem]:
+    """data_types.*_dtype are resolved only when the engine starts (DtypeEnum), so DeepSpeed's parse accepts typos."""
+    from zero_kit.ds_schema import discover, dtype_names
+
+    section = config.get("data_types")
+    if not isinstance(section, dict):
+        return []
+    problems = []
+    for key in (k for k in discover().keys.get("data_types", {}) if k.endswith("_dtype")):
+        value = section.get(key)
+        if value is not None and value != "auto" and value not in dtype_names():
+            fix = did_you_mean(value, dtype_names()) if isinstance(value, str) else 'use "bf16", "fp16" or "fp32"'
+            problems.append(Problem("error", f"data_types.{key}", value, "not a dtype DeepSpeed knows", fix))
     return problems

@@ -68,8 +68,8 @@ CASES = [
     ("ckpt-bool-as-string", {"activation_checkpointing": {"partition_activations": "yes"}}, "deepspeed", 4, "activation_checkpointing.partition_activations", "expected true/false", "error"),
     ("number-for-bool", z(stage=2, overlap_comm=1), "deepspeed", 4, "zero_optimization.overlap_comm", "expected true/false", "error"),
     ("section-not-object", {"zero_optimization": [2]}, "deepspeed", 4, "zero_optimization", "expected an object", "error"),
-    ("bad-stage-value", z(stage=4), "deepspeed", 4, "zero_optimization.stage", "", "error"),
-    ("offload-device-typo", z(stage=3, offload_param={"device": "gpu"}), "deepspeed", 4, "zero_optimization.offload_param.device", "", "error"),
+    ("bad-stage-value", z(stage=4), "deepspeed", 4, "zero_optimization.stage", "use one of", "error"),
+    ("offload-device-typo", z(stage=3, offload_param={"device": "gpu"}), "deepspeed", 4, "zero_optimization.offload_param.device", "use one of 'none', 'cpu' or 'nvme'", "error"),
     ("auto-for-plain-deepspeed", {"train_batch_size": "auto"}, "deepspeed", 4, "train_batch_size", "HF Trainer", "error"),
     ("auto-nested-plain-deepspeed", z(stage=2, reduce_bucket_size="auto"), "deepspeed", 4, "zero_optimization.reduce_bucket_size", "deepspeed.initialize", "error"),
     ("batch-triple-world-size", {}, "deepspeed", 8, "train_batch_size", "set train_batch_size to 32 or leave it out", "error"),
@@ -104,6 +104,9 @@ CASES = [
     ("total-below-warmup", {"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 100, "total_num_steps": 10}}}, "deepspeed", 4, "scheduler.params.total_num_steps", "never starts", "error"),
     ("nan-value", {"gradient_clipping": float("nan")}, "deepspeed", 4, "gradient_clipping", "NaN", "error"),
     ("bad-allreduce-op", {"gradient_allreduce_op": "max"}, "deepspeed", 4, "gradient_allreduce_op", "DeepSpeed's own parser", "error"),
+    ("hybrid-engine-bound", {"hybrid_engine": {"max_out_tokens": 0}}, "deepspeed", 4, "hybrid_engine.max_out_tokens", "greater than 0", "error"),
+    ("fractional-bucket", z(stage=2, reduce_bucket_size=1.5), "deepspeed", 4, "zero_optimization.reduce_bucket_size", "whole number", "error"),
+    ("bad-grad-accum-dtype", {"data_types": {"grad_accum_dtype": "fp23"}}, "deepspeed", 4, "data_types.grad_accum_dtype", "fp32", "error"),
     ("bad-comm-dtype", {"communication_data_type": "int4"}, "deepspeed", 4, "communication_data_type", "communication_data_type", "error"),
 ]
 # fmt: on
