@@ -28,12 +28,13 @@ FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCh
 # Lone surrogate escapes are legal JSON but not text: the tokenizer rejects them with a TypeError.
 strings = st.text(max_size=40) | st.sampled_from(["", " ", "\ud800", "ok\udfffok", "\x00", "<|assistant|>", "</s>"])
 scalars = st.none() | st.booleans() | st.integers() | st.floats() | strings
-good_rows = st.sampled_from(
-    [
-        {"instruction": "Explain ZeRO.", "input": "", "output": "It shards state."},
-        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
-        {"text": "ZeRO stage 2 shards gradients."},
-    ]
+good_rows = st.one_of(
+    st.builds(lambda i, x, o: {"instruction": i, "input": x, "output": o}, strings, strings, strings),
+    st.builds(
+        lambda turns: {"messages": [{"role": r, "content": c} for r, c in turns]},
+        st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), strings), min_size=1, max_size=5),
+    ),
+    st.builds(lambda text: {"text": text}, strings),
 )
 values = st.recursive(
     scalars,
@@ -51,6 +52,7 @@ messages = st.lists(
 )
 rows = st.one_of(
     good_rows,
+    good_rows,
     st.builds(lambda row, key, value: {**row, key: value}, good_rows, st.sampled_from(FIELDS), values),
     st.dictionaries(st.sampled_from(FIELDS), values | st.text(max_size=80), max_size=5),
     st.fixed_dictionaries({"messages": messages}),
@@ -63,11 +65,22 @@ def tokenizer():
     return load_tokenizer(None)
 
 
-def load_and_tokenize(path: str, tokenizer, fmt: str | None, max_length: int, skip_bad: bool, kind: str) -> None:
+def check_result(dataset, stats, rows_in_file: int, max_length: int, pack: bool) -> None:
+    """Invariants of an accepted dataset: counts add up, labels are -100 or the token, lengths fit."""
+    assert stats.rows_read == rows_in_file
+    assert stats.rows_kept + sum(stats.skipped.values()) == stats.rows_read
+    assert stats.rows_kept > 0 and len(dataset) == stats.sequences
+    for ids, labels in zip(dataset["input_ids"], dataset["labels"], strict=True):
+        assert len(ids) == len(labels) and (len(ids) == max_length if pack else len(ids) <= max_length)
+        assert all(label in (-100, token) for token, label in zip(ids, labels, strict=True))
+
+
+def load_and_tokenize(path: str, tokenizer, fmt: str | None, max_length: int, skip_bad: bool, kind: str, pack=False):
     """The property: success, or a UserError that names the file. Anything else propagates and fails."""
     try:
         loaded = load_dataset_rows([path], fmt)
-        tokenize_dataset(loaded, tokenizer, fmt, max_length, skip_bad=skip_bad)
+        dataset, stats = tokenize_dataset(loaded, tokenizer, fmt, max_length, skip_bad=skip_bad, pack=pack)
+        check_result(dataset, stats, len(loaded), max_length, pack)
         CASES[f"{kind}: accepted"] += 1
     except UserError as err:
         assert path in str(err), str(err)
@@ -80,12 +93,37 @@ def load_and_tokenize(path: str, tokenizer, fmt: str | None, max_length: int, sk
     fmt=st.sampled_from([None, "alpaca", "chat", "text"]),
     max_length=st.integers(2, 96),
     skip_bad=st.booleans(),
+    pack=st.booleans(),
 )
-def test_fuzzed_rows_only_raise_user_errors(tokenizer, batch, fmt, max_length, skip_bad):
+def test_fuzzed_rows_only_raise_user_errors(tokenizer, batch, fmt, max_length, skip_bad, pack):
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "rows.jsonl"
         path.write_text("".join(json.dumps(row) + "\n" for row in batch), encoding="utf-8")
-        load_and_tokenize(str(path), tokenizer, fmt, max_length, skip_bad, "rows")
+        load_and_tokenize(str(path), tokenizer, fmt, max_length, skip_bad, "rows", pack)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    triples=st.lists(
+        st.tuples(st.text(min_size=1, max_size=60), st.text(max_size=30), st.text(min_size=1, max_size=60)),
+        min_size=1,
+        max_size=5,
+    ),
+)
+def test_any_text_round_trips_through_alpaca_masking(tokenizer, triples):
+    """For any unicode, the trained tokens decode to exactly the output + eos (whitespace-only rows skipped)."""
+    rows = [{"instruction": i, "input": x, "output": o} for i, x, o in triples]
+    usable = [row for row in rows if row["instruction"].strip() and row["output"].strip()]
+    try:
+        dataset, stats = tokenize_dataset(rows, tokenizer, "alpaca", 512, skip_bad=True)
+    except UserError as err:
+        assert not usable and "no usable rows" in str(err)
+        return
+    assert stats.rows_kept == len(usable) == len(dataset)
+    for row, labels in zip(usable, dataset["labels"], strict=True):
+        trained = [label for label in labels if label != -100]
+        assert tokenizer.decode(trained) == row["output"] + tokenizer.eos_token
+    CASES["alpaca round trip: accepted"] += 1
 
 
 def valid_bytes(kind: str) -> bytes:
