@@ -244,6 +244,18 @@ def _batch_rules(config: dict, context: LintContext) -> tuple[list[Problem], int
             )
         ], 1
     world, source = context.world_size, context.world_size_source
+    # DeepSpeed divides the world by sequence_parallel_size to get the data-parallel size the batch uses.
+    sp = config.get("sequence_parallel_size")
+    sp = sp if isinstance(sp, int) and not isinstance(sp, bool) and sp > 0 else 1
+    if world is not None and world % sp:
+        message = f"world size {world} ({source}) is not divisible by sequence_parallel_size({sp})"
+        return [
+            Problem(
+                "error", "sequence_parallel_size", sp, message, f"use a sequence_parallel_size that divides {world}"
+            )
+        ], world
+    if world is not None and sp > 1:
+        world, source = world // sp, f"{source} / sequence_parallel_size {sp}"
     if world is None and context.target == "accelerate":
         problems.append(
             Problem(
@@ -258,7 +270,7 @@ def _batch_rules(config: dict, context: LintContext) -> tuple[list[Problem], int
         world, source = tbs // (micro * accum), "implied by the batch triple"
     if world is None:
         world, source = 1, "assumed: pass --world-size or set WORLD_SIZE"
-    return problems + _batch_arithmetic(tbs, micro, accum, world, source), world
+    return problems + _batch_arithmetic(tbs, micro, accum, world, source), world * sp
 
 
 def _batch_arithmetic(tbs: int | None, micro: int | None, accum: int | None, world: int, source: str) -> list[Problem]:

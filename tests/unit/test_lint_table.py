@@ -76,6 +76,8 @@ CASES = [
     ("batch-triple-world-size-2", {"train_batch_size": 8}, "deepspeed", 4, "train_batch_size", "train_batch_size(8) != micro(2) * grad_accum(2) * world_size(4", "error"),
     ("batch-not-divisible", {"gradient_accumulation_steps": ..., "train_batch_size": 10}, "deepspeed", 4, "train_batch_size", "not divisible", "error"),
     ("batch-impossible-no-world", {"train_batch_size": 10}, "deepspeed", None, "train_batch_size", "train_batch_size(10) != micro(2) * grad_accum(2)", "error"),
+    ("sequence-parallel-world", {"sequence_parallel_size": 2}, "deepspeed", 4, "train_batch_size", "world_size(2, --world-size / sequence_parallel_size 2)", "error"),
+    ("sequence-parallel-indivisible", {"sequence_parallel_size": 3}, "deepspeed", 4, "sequence_parallel_size", "not divisible", "error"),
     ("micro-zero", {"train_micro_batch_size_per_gpu": 0}, "deepspeed", 4, "train_micro_batch_size_per_gpu", "> 0", "error"),
     ("grad-accum-negative", {"gradient_accumulation_steps": -1}, "deepspeed", 4, "gradient_accumulation_steps", "> 0", "error"),
     ("train-batch-float", {"train_batch_size": 16.5}, "deepspeed", 4, "train_batch_size", "whole number", "error"),
