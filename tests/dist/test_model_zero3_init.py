@@ -24,11 +24,14 @@ def test_zero3_init_partitions_default_model_across_two_ranks(tmp_path):
     records = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
     full = records[0]["plain_params"]
     for record in records:
-        assert record["full_params"] == full  # count_parameters sees the full size through ds_numel
-        assert record["params_partitioned"] == record["param_count"]
-        assert record["params_with_local_data"] == 0  # every p.data was released after partitioning
-        # each rank stores about half (partitions are padded to a multiple of the world size)
-        assert full / 2 <= record["stored_elements"] <= full / 2 + record["param_count"] * 2
-        # same weights as the same seed built without ZeRO (so DDP/FSDP/ZeRO comparisons start equal)
-        assert record["checksum_zero3"] == record["checksum_plain"]
-    print(f"\nZeRO-3 init: full {full} params; stored per rank {[r['stored_elements'] for r in records]}")
+        for built in ("default", "from_dir"):
+            held = record[built]
+            assert held["full_params"] == full  # count_parameters sees the full size through ds_numel
+            assert held["params_partitioned"] == held["param_count"]
+            assert held["params_with_local_data"] == 0  # every p.data was released after partitioning
+            # each rank stores about half (partitions are padded to a multiple of the world size)
+            assert full / 2 <= held["stored_elements"] <= full / 2 + held["param_count"] * 2
+            # same weights as the same seed built without ZeRO (so DDP/FSDP/ZeRO comparisons start equal)
+            assert held["checksum"] == record["checksum_plain"], built
+    stored = [r["default"]["stored_elements"] for r in records]
+    print(f"\nZeRO-3 init: full {full} params; elements stored per rank {stored}")

@@ -1,10 +1,11 @@
-"""Build the default model under an HfDeepSpeedConfig for ZeRO-3 and record what each rank really holds.
+"""Build models with zero_kit.model.load_model under an HfDeepSpeedConfig for ZeRO-3 and record what each rank really holds.
 
     deepspeed --num_gpus 2 --master_port 29680 tests/dist/zero3_init_probe.py --out DIR
 
-Writes DIR/rank{R}.json: full parameter count (sum of ds_numel), the elements this rank stores (sum of
-ds_tensor.numel()), how many parameters still have local data (p.numel() > 0), and checksums of the
-gathered weights and of the same seed built without ZeRO.
+Builds it twice under ZeRO-3: the default from its config, and from_pretrained of a directory saved without
+ZeRO. Writes DIR/rank{R}.json with, for each: the full parameter count (sum of ds_numel), the elements this
+rank stores (sum of ds_tensor.numel()), how many parameters still have local data (p.numel() > 0), and
+checksums of the gathered weights; plus the checksums of the same seed built without ZeRO.
 """
 
 from __future__ import annotations
@@ -29,22 +30,9 @@ def checksum(model) -> list[float]:
     ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--local_rank", type=int, default=0)
-    args = parser.parse_args()
-    deepspeed.init_distributed(dist_backend="gloo")
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    from transformers.integrations import HfDeepSpeedConfig
-
-    config = {"train_micro_batch_size_per_gpu": 1, "train_batch_size": world, "zero_optimization": {"stage": 3}}
-    keep_alive = HfDeepSpeedConfig(config)  # transformers holds only a weak reference to it
-    model = load_model(None, seed=0)
+def partition_record(model) -> dict:
     params = list(model.parameters())
     record = {
-        "rank": rank,
-        "world_size": world,
         "full_params": count_parameters(model),
         "stored_elements": sum(p.ds_tensor.numel() for p in params),
         "params_with_local_data": sum(p.numel() > 0 for p in params),
@@ -52,12 +40,36 @@ def main() -> None:
         "param_count": len(params),
     }
     with deepspeed.zero.GatheredParameters(params):
-        record["checksum_zero3"] = checksum(model)
-    del keep_alive, model
+        record["checksum"] = checksum(model)
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--local_rank", type=int, default=0)
+    args = parser.parse_args()
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    saved = Path(args.out, "saved")
+    plain = load_model(None, seed=0)  # no ZeRO yet: the reference weights, also saved as a model directory
+    record = {
+        "rank": rank,
+        "plain_params": sum(p.numel() for p in plain.parameters()),
+        "checksum_plain": checksum(plain),
+    }
+    if rank == 0:
+        plain.save_pretrained(saved)
+    del plain
+    torch.distributed.barrier()
+    from transformers.integrations import HfDeepSpeedConfig
+
+    config = {"train_micro_batch_size_per_gpu": 1, "train_batch_size": world, "zero_optimization": {"stage": 3}}
+    keep_alive = HfDeepSpeedConfig(config)  # transformers holds only a weak reference to it
+    record["default"] = partition_record(load_model(None, seed=0))
+    record["from_dir"] = partition_record(load_model(str(saved)))
+    del keep_alive
     gc.collect()
-    plain = load_model(None, seed=0)
-    record["plain_params"] = sum(p.numel() for p in plain.parameters())
-    record["checksum_plain"] = checksum(plain)
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(record))
     torch.distributed.destroy_process_group()
 
