@@ -174,3 +174,18 @@ def test_chat_needs_a_template_and_a_working_one(tokenizer, tmp_path):
     rows = [{"messages": [{"role": "assistant", "content": "hi"}]}, bundled_rows("chat", 1)[0]]
     with pytest.raises(UserError, match="row 1: the chat template rejected this conversation: alternate"):
         tokenize_dataset(rows, other, "chat", 256)
+
+
+def test_several_files_of_different_kinds_load_together(tmp_path, tokenizer):
+    rows = bundled_rows("alpaca", 6)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = write_rows(rows[:3], tmp_path / "a", "jsonl")
+    second = write_rows(rows[3:] + [{"instruction": "No answer."}], tmp_path / "b", "parquet")
+    loaded = load_dataset_rows([first, second], None)
+    assert loaded.fmt == "alpaca" and len(loaded) == 7
+    with pytest.raises(UserError, match=f"{second}: row 4: missing field 'output'"):
+        tokenize_dataset(loaded, tokenizer, None, 256)
+    dataset, stats = tokenize_dataset(loaded, tokenizer, None, 256, skip_bad=True)
+    reference, _ = tokenize_dataset(rows, tokenizer, "alpaca", 256)
+    assert dataset["input_ids"] == reference["input_ids"] and stats.first_skipped["missing_field"].startswith(second)
