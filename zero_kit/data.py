@@ -4,12 +4,23 @@
     dataset, stats = tokenize_dataset(rows, tokenizer, rows.fmt, 512, skip_bad=True, pack=True)
     batch = collate([dataset[0], dataset[1]], pad_id=tokenizer.pad_token_id)
 
-Packing: examples are laid end to end (never split) into sequences of exactly max_length, filled with a
-padding segment. `position_ids` restart at 0 for every example, and the first label of every example is
--100, so no token is ever graded on a prediction made from a previous example. `collate` then leaves the
+Formats (guessed from the columns when not given):
+  alpaca  instruction, output, optional input -> ALPACA_PROMPT(_WITH_INPUT) + output + eos; the loss sees
+          only output + eos.
+  chat    messages: [{role: system|user|assistant, content}] rendered with the tokenizer's chat template
+          (a JSON string in CSV cells is fine); the loss sees only the assistant turns (content + end marker).
+  text    text -> bos + text + eos, all trained.
+Rows that cannot be used (missing_field, wrong_type, empty, too_long) raise a UserError naming the file, row
+and (JSONL) line, or with skip_bad are skipped and counted in DataStats. Nothing is truncated silently.
+
+Packing (pack=True): examples are laid end to end (never split) into sequences of exactly max_length, filled
+with a padding segment. `position_ids` restart at 0 for every example, and the first label of every example
+is -100, so no token is graded on a prediction made from the previous example. `collate` leaves the
 attention mask out of packed batches: given position_ids and no attention mask, transformers builds a
 block-diagonal causal mask (masking_utils.find_packed_sequence_indices), so attention does not cross
-examples either (tests/unit/test_data_packing.py checks the logits equal those of each example alone).
+examples either (tests/unit/test_data_packing.py: logits equal those of each example alone). That needs
+use_cache=False, which the HF Trainer sets (TrainingArguments.use_cache defaults to False): with a KV-cache
+object transformers skips the packed-sequence mask.
 """
 
 from __future__ import annotations
