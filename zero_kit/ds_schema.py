@@ -579,10 +579,10 @@ class _Walk:
                     "DeepSpeed refuses max_grad_norm as an optimizer parameter",
                     "remove it and set the top-level gradient_clipping instead",
                 )
-            elif value == "auto":
-                self.autos.append(here)
             elif key not in names and not open_:
                 self.unknown(here, key, value, names, f"the parameters of {section} {kind!r}", rejected=True)
+            elif value == "auto":
+                self.autos.append(here)
             elif key in names:
                 self.typed(here, value, _default_kinds(names[key]))
 

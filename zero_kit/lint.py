@@ -5,6 +5,26 @@ against DeepSpeed's own schema (pydantic models and the keys its parser reads, s
 adds the rules DeepSpeed does not enforce (misspelt keys, numbers written as strings, "auto" where
 nobody fills it, batch arithmetic at the real world size, contradictory offload/precision), and
 finally runs DeepSpeed's own parse so that whatever passes here also passes there.
+
+Rules (E: error, W: warning):
+- E unknown key inside a section DeepSpeed validates (pydantic models, optimizer/scheduler params checked
+  against the signature of the class DeepSpeed builds), with "did you mean"; E near-miss of a real key where
+  DeepSpeed silently ignores it (top level, activation_checkpointing, aio, ...); W other ignored keys.
+- E wrong JSON type, incl. numbers/booleans written as strings ("8", "true") that pydantic would coerce.
+- E keys of removed DeepSpeed features (DeepSpeed's own message); W deprecated keys, with the new name.
+- E "auto" with --for deepspeed (except where DeepSpeed's own default is "auto"); with hf-trainer/accelerate
+  E "auto" where the HF Trainer does not fill it (list read off transformers); E "auto" batch keys with
+  accelerate (it fills the batch itself and fails DeepSpeed's assertion; recipe); E accelerate without zero_optimization.
+- E batch triple: non-positive / non-integer values, none given, train_batch_size != micro x accum x world
+  (world from --world-size or the launcher env, divided by sequence_parallel_size), or not divisible when one
+  key is derived; W accelerate with unknown world size.
+- E fp16 and bf16 both enabled; E offload_param below stage 3; E offload_optimizer at stage 0; E NVMe optimizer
+  offload below stage 3; E NVMe offload without nvme_path; W stage3_* keys below stage 3; W stage 3 for the
+  HF Trainer/accelerate without stage3_gather_16bit_weights_on_model_save (saved weights would be empty);
+  W optimizer offload + client optimizer under plain deepspeed (ZeRORuntimeException unless DeepSpeedCPUAdam).
+- E optimizer/scheduler type DeepSpeed cannot build; W section without type; E max_grad_norm in optimizer params;
+  E warmup_num_steps <= 0; E total_num_steps < warmup_num_steps; E data_types.*_dtype not a DeepSpeed dtype.
+- E NaN/Infinity anywhere; E duplicate keys (CLI); E DeepSpeed's own DeepSpeedConfig parse fails at the world size.
 """
 
 from __future__ import annotations
