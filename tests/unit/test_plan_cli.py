@@ -97,3 +97,23 @@ def test_sizes_and_counts():
     assert parse_size("1.5TB", "--host-mem") == 1_500 * 10**9
     assert parse_count("8e9") == parse_count("8B") == 8 * 10**9
     assert parse_count("350m") == 350 * 10**6
+
+
+def test_json_refusal_has_no_recommendation(capsys):
+    code, out, _ = _run(capsys, "--model", "llama-3-70b", "--gpu-mem", "24GB", "--json")
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["recommended"] is None and not any(o["fits"] for o in doc["options"])
+    assert any("short by" in reason for reason in doc["reasons"])
+
+
+def test_output_for_fsdp_writes_nearest_zero_and_says_so(capsys, tmp_path, monkeypatch):
+    import zero_kit.plan as plan_module
+
+    # Force FSDP2 to rank first, to exercise the "not DeepSpeed" path of -o.
+    monkeypatch.setattr(plan_module, "speed_key", lambda option, hardware: option.strategy != "fsdp")
+    path = tmp_path / "ds.json"
+    code, _, err = _run(capsys, "--model", "llama-3-8b", "--gpu-mem", "80GB", "--gpus-per-node", "8", "-o", str(path))
+    assert code == 0
+    assert "not DeepSpeed" in err and "stage 3" in err
+    assert json.loads(path.read_text())["zero_optimization"]["stage"] == 3

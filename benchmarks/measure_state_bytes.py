@@ -1,0 +1,168 @@
+"""Per-rank bytes every live tensor really occupies just before optimizer.step(), next to the formula in
+`zero_kit.accounting` that `zero-kit plan` and the benchmark use. Independent of the strategies' own byte readers:
+it walks every tensor the Python garbage collector knows (parameters, .grad, optimizer state, DeepSpeed's flat
+partitions and buckets alike) and counts each storage once. CPU, gloo, the embedded tiny LLaMA, 3 steps.
+
+    python benchmarks/measure_state_bytes.py --precision fp32            # all strategies, 2 ranks, prints a table
+
+One strategy by hand (what the driver runs):
+    deepspeed --num_gpus 2 --master_port 29910 benchmarks/measure_state_bytes.py --rank-run zero3
+    torchrun --nproc_per_node 2 --master_port 29911 benchmarks/measure_state_bytes.py --rank-run fsdp
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+
+RUNS = ("ddp", "fsdp", "zero0", "zero1", "zero2", "zero3", "zero2+offload", "zero3+offload")
+MIN_BYTES = 64  # ignore scalars (step counters, loss scale)
+
+
+def live_storage_bytes() -> int:
+    import torch
+
+    storages: dict[int, int] = {}
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, torch.Tensor) and obj.device.type != "meta":
+                storage = obj.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+        except Exception:  # freed FSDP unsharded storages raise on access; they hold no bytes
+            continue
+    return sum(size for size in storages.values() if size > MIN_BYTES)
+
+
+def wrap(run: str, model, precision: str, world_size: int):
+    """(forward-loss, backward, step) for one strategy, configured like the benchmark."""
+    import torch
+
+    if run in ("ddp", "fsdp"):
+        torch.distributed.init_process_group("gloo")
+        if run == "ddp":
+            module = torch.nn.parallel.DistributedDataParallel(model)
+        else:
+            from torch.distributed.fsdp import fully_shard
+
+            for block in model.model.layers:
+                fully_shard(block)
+            module = fully_shard(model)
+        optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
+        return (lambda ids: module(input_ids=ids, labels=ids).loss), (lambda loss: loss.backward()), optimizer.step
+    import deepspeed
+
+    from zero_kit.ds_config import build_ds_config
+    from zero_kit.spec import ZeroSpec
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    offload = "cpu" if run.endswith("+offload") else "none"
+    spec = ZeroSpec(
+        stage=int(run[4]),
+        precision=precision,
+        micro_batch=2,
+        grad_accum=1,
+        world_size=world_size,
+        hidden_size=model.config.hidden_size,
+        offload_optimizer=offload,
+    )
+    config = build_ds_config(spec)
+    config["optimizer"]["params"]["torch_adam"] = True  # no compiled Adam kernels needed on CPU
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    return (lambda ids: engine(input_ids=ids, labels=ids).loss), engine.backward, engine.step
+
+
+def rank_run(run: str, precision: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from zero_kit.model import tiny_llama_config
+
+    world_size = int(os.environ["WORLD_SIZE"])
+    torch.manual_seed(0)
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM(tiny_llama_config())
+    n_params = sum(p.numel() for p in model.parameters())
+    forward, backward, step = wrap(run, model, precision, world_size)
+    measured = 0
+    for index in range(3):
+        ids = torch.randint(0, model.config.vocab_size, (2, 32))
+        loss = forward(ids)
+        backward(loss)
+        if index == 2:  # the peak of model states: gradients reduced, optimizer about to step
+            del loss
+            gc.collect()
+            measured = live_storage_bytes()
+        step()
+    if dist.get_rank() == 0:
+        record = {"run": run, "precision": precision, "world_size": world_size, "n_params": n_params, "bytes": measured}
+        print("RESULT " + json.dumps(record), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def predicted(run: str, n_params: int, world_size: int, precision: str) -> tuple[int, str]:
+    """Model states from the shared tables; ZeRO-2 offload adds the staging buffers `zero-kit plan` counts."""
+    from zero_kit.accounting import model_state_bytes, shape_from_hf_config
+    from zero_kit.model import tiny_llama_config
+    from zero_kit.plan import Workload, buffer_terms
+
+    strategy, offload = run.split("+")[0], run.endswith("+offload")
+    states = model_state_bytes(strategy, n_params, world_size, precision, offload_optimizer=offload)
+    total, formula = states.all_bytes, states.formula + (f" + host {states.host_formula}" if offload else "")
+    if strategy == "zero2" and offload:
+        work = Workload(shape_from_hf_config(tiny_llama_config().to_dict()), n_params, precision=precision)
+        staging = buffer_terms("zero2", "optimizer", work, world_size)
+        for name in ("offload staging (2 x largest param)", "16-bit partition for updated params"):
+            total += staging[name][0]
+            formula += f" + {staging[name][1]}"
+    return total, formula
+
+
+def drive(precision: str, port: int, runs: list[str]) -> int:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.getcwd()}
+    print(f"| run | measured bytes/rank | formula | predicted | diff | ({precision}, 2 CPU ranks, gloo)")
+    print("|---|---|---|---|---|")
+    for index, run in enumerate(runs):
+        launcher = (
+            ["torchrun", "--nproc_per_node", "2", "--master_port", str(port + index)]
+            if run in ("ddp", "fsdp")
+            else ["deepspeed", "--num_gpus", "2", "--master_port", str(port + index)]
+        )
+        argv = [*launcher, __file__, "--rank-run", run, "--precision", precision]
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            print(f"| {run} | failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]} |||")
+            continue
+        record = json.loads(lines[0][len("RESULT ") :])
+        total, formula = predicted(run, record["n_params"], record["world_size"], precision)
+        diff = record["bytes"] / total - 1
+        print(f"| {run} | {record['bytes']:,} | {formula} | {total:,} | {diff:+.2%} |", flush=True)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rank-run", choices=RUNS, help="run one strategy as one rank (set by the driver)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated subset of " + ",".join(RUNS))
+    parser.add_argument("--port", type=int, default=29910, help="first master port; one per run")
+    parser.add_argument("--local_rank", type=int, default=0, help=argparse.SUPPRESS)  # added by `deepspeed`
+    args = parser.parse_args()
+    if args.rank_run:
+        rank_run(args.rank_run, args.precision)
+        return 0
+    runs = args.runs.split(",")
+    unknown = sorted(set(runs) - set(RUNS))
+    if unknown:
+        parser.error(f"unknown runs {unknown}; choose from {list(RUNS)}")
+    return drive(args.precision, args.port, runs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
