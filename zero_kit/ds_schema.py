@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import difflib
 import functools
 import inspect
 import io
@@ -466,6 +465,22 @@ def _default_kinds(default: Any) -> set[str] | None:
     return {"an object"} if isinstance(default, dict) else None
 
 
+def _is_typo(key: str, known: str) -> bool:
+    """A misspelling of `known`: equal ignoring case, or at most 2 edits away (1 for short keys).
+    Longer differences ("sequence_parallel" vs "sequence_parallel_size") are more likely another tool's key."""
+    a, b = key.lower(), known.lower()
+    limit = 1 if len(b) <= 6 else 2
+    if abs(len(a) - len(b)) > limit:
+        return False
+    previous = list(range(len(b) + 1))
+    for i, char_a in enumerate(a, 1):
+        current = [i]
+        for j, char_b in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char_a != char_b)))
+        previous = current
+    return previous[-1] <= limit
+
+
 def _looks_numeric(text: str) -> bool:
     try:
         float(text)
@@ -485,6 +500,7 @@ class _Walk:
         self.removed = removed_keys()
         self.problems: list[Problem] = []
         self.autos: list[str] = []
+        self.dropped: dict[str, Any] = {}
         self._problem = Problem
 
     def add(self, severity: str, path: str, value: Any, message: str, fix: str = "") -> None:
@@ -496,11 +512,12 @@ class _Walk:
         (tools such as LLaMA-Factory write keys DeepSpeed never reads)."""
         from zero_kit.lint import did_you_mean
 
-        close = difflib.get_close_matches(str(key), [c for c in choices if isinstance(c, str)], n=1, cutoff=0.75)
         if rejected:
             message, severity = f"unknown key {key!r} in {where}: DeepSpeed rejects it", "error"
-        elif close:
+        elif any(_is_typo(str(key), c) for c in choices if isinstance(c, str)):
             message, severity = f"unknown key {key!r} in {where}: DeepSpeed silently ignores it", "error"
+        elif str(key).startswith("_"):
+            return  # "_comment"-style keys: ignored by DeepSpeed, and meant to be
         else:
             message, severity = f"unknown key {key!r} in {where}: DeepSpeed ignores it", "warning"
         self.add(severity, path, value, message, did_you_mean(key, choices))
@@ -607,6 +624,8 @@ class _Walk:
             if value == "auto":
                 if info.default != "auto":
                     self.autos.append(here)
+                    if path in self.schema.models:  # DeepSpeedConfigModel.__init__ drops it: the default applies
+                        self.dropped[here] = info.default
                 continue
             sub = _unwrap_model(info.annotation)
             if sub is not None and isinstance(value, dict):
@@ -677,8 +696,9 @@ def _join(path: str, key: Any) -> str:
     return join(path, key)
 
 
-def check_schema(config: dict) -> tuple[list[Any], list[str]]:
-    """Problems against DeepSpeed's schema, and the key paths holding an "auto" DeepSpeed itself would not accept."""
+def check_schema(config: dict) -> tuple[list[Any], list[str], dict[str, Any]]:
+    """Problems against DeepSpeed's schema; the key paths holding an "auto" DeepSpeed itself would not accept;
+    and among those, the ones DeepSpeed silently drops (top level of a model section), with the default it uses."""
     walk = _Walk(config)
     walk.section(config, "")
     optimizer_type = lookup_type(config, "optimizer", optimizer_choices)
@@ -686,7 +706,7 @@ def check_schema(config: dict) -> tuple[list[Any], list[str]]:
     for found in (optimizer_type, scheduler_type):
         if found:
             walk.add(*found)
-    return walk.problems, walk.autos
+    return walk.problems, walk.autos, walk.dropped
 
 
 def lookup_type(config: dict, section: str, choices) -> tuple | None:

@@ -131,8 +131,8 @@ def lint(config: Any, context: LintContext | None = None) -> list[Problem]:
                 "wrap the settings in {...}",
             )
         ]
-    problems, autos = ds_schema.check_schema(config)
-    problems += _auto_rules(autos, context.target)
+    problems, autos, dropped = ds_schema.check_schema(config)
+    problems += _auto_rules(autos, dropped, context.target)
     problems += _non_finite(config, "")
     batch_problems, world_size = _batch_rules(config, context)
     problems += batch_problems
@@ -161,7 +161,7 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _auto_rules(autos: list[str], target: Target) -> list[Problem]:
+def _auto_rules(autos: list[str], dropped: dict[str, Any], target: Target) -> list[Problem]:
     """ "auto" is a placeholder that only the HF Trainer (and accelerate) fill, and only at certain keys."""
     from zero_kit.ds_schema import hf_trainer_auto_keys
 
@@ -170,35 +170,26 @@ def _auto_rules(autos: list[str], target: Target) -> list[Problem]:
     problems = []
     for path in autos:
         if target == "deepspeed":
-            problems.append(
-                Problem(
-                    "error",
-                    path,
-                    "auto",
-                    '"auto" is filled only by the HF Trainer or accelerate; plain deepspeed.initialize cannot use it',
-                    "write a value, or validate with --for hf-trainer if the HF Trainer launches this config",
-                )
-            )
+            message = '"auto" is filled only by the HF Trainer or accelerate; plain deepspeed.initialize cannot use it'
+            fix = "write a value, or validate with --for hf-trainer if the HF Trainer launches this config"
+            problems.append(Problem("error", path, "auto", message, fix))
         elif target == "accelerate" and path in BATCH_KEYS:
+            message = "accelerate fills the batch itself and then fails DeepSpeed's batch assertion at world size > 1"
+            fix = "write the numbers (train_batch_size = micro x grad_accum x world size) and pass the file with --deepspeed_config_file"
+            problems.append(Problem("error", path, "auto", message, fix))
+        elif path in filled:
+            continue
+        elif path in dropped:
+            message = f'the {target} integration does not fill "auto" here; DeepSpeed drops it and uses its default ({dropped[path]!r})'
             problems.append(
                 Problem(
-                    "error",
-                    path,
-                    "auto",
-                    "accelerate fills the batch itself and then fails DeepSpeed's batch assertion at world size > 1",
-                    "write the numbers (train_batch_size = micro x grad_accum x world size) and pass the file with --deepspeed_config_file",
+                    "warning", path, "auto", message, "write a value, or remove the key to say you want the default"
                 )
             )
-        elif path not in filled:
-            problems.append(
-                Problem(
-                    "error",
-                    path,
-                    "auto",
-                    f'the {target} integration does not fill "auto" here, so DeepSpeed would get the string "auto"',
-                    f'write a value; "auto" is filled only at: {", ".join(sorted(filled))}',
-                )
-            )
+        else:
+            message = f'the {target} integration does not fill "auto" here, so DeepSpeed would get the string "auto"'
+            fix = f'write a value; "auto" is filled only at: {", ".join(sorted(filled))}'
+            problems.append(Problem("error", path, "auto", message, fix))
     return problems
 
 
