@@ -316,40 +316,12 @@ def _by_label(options: list[Option]) -> dict[str, Option]:
 
 def explain(best: Option, options: list[Option], work: Workload, hardware: Hardware) -> list[str]:
     """Plain-words reasons for the recommendation."""
-    by = _by_label(options)
     total = best.gpu_bytes()["total"]
     reasons = [
         f"{best.label} needs {gib(total)} per GPU of {gib(hardware.usable_gpu_mem)} usable "
-        f"({gib(hardware.gpu_mem)} less a {hardware.margin:.0%} margin), {gib(hardware.usable_gpu_mem - total)} spare."
+        f"({gib(hardware.gpu_mem)} less a {hardware.margin:.0%} margin), {gib(hardware.usable_gpu_mem - total)} spare.",
+        _why(best, _by_label(options)),
     ]
-    unsharded = [by[name] for name in ("ddp", "zero0", "zero1", "zero2")]
-    if best.offload == "none" and best.strategy in ("ddp", "zero0", "zero1", "zero2"):
-        reasons.append(
-            "The parameters fit on every GPU unsharded, so no parameter all-gathers are needed: "
-            f"{best.label} sends {gib(best.comm_bytes_per_step)} per step, against "
-            f"{gib(by['zero3'].comm_bytes_per_step)} for ZeRO-3 and {gib(by['ddp'].comm_bytes_per_step)} for DDP "
-            "(which all-reduces fp32 gradients)."
-        )
-    elif best.offload == "none":
-        reasons.append(
-            "DDP and ZeRO-0/1/2 keep a full copy of the parameters on every GPU and do not fit (the smallest of them "
-            f"needs {gib(min(o.gpu_bytes()['total'] for o in unsharded))}), so parameters must be sharded: "
-            f"{best.label} gathers them in forward and backward, {gib(best.comm_bytes_per_step)} sent per step."
-        )
-    else:
-        no_offload = sorted((o for o in options if o.fits and o.offload == "none"), key=lambda o: o.comm_bytes_per_step)
-        reasons.append(
-            (
-                f"{no_offload[0].label} fits without offload but sends {gib(no_offload[0].comm_bytes_per_step)} per"
-                " step; "
-                if no_offload
-                else "Nothing fits in GPU memory without offload; "
-            )
-            + "offloading moves optimizer states"
-            + (" and parameters" if "param" in best.offload else "")
-            + f" to host RAM ({gib(best.host_bytes)} per node), paid for by PCIe copies every step and Adam on the"
-            " CPU: expect much slower steps than without offload."
-        )
     if slow_link(hardware):
         reasons.append(
             f"The inter-node link ({hardware.inter_node_gbps:g} Gbit/s) is slow, so options sending fewer bytes per"
@@ -361,6 +333,34 @@ def explain(best: Option, options: list[Option], work: Workload, hardware: Hardw
         " GPU bytes (room for a larger micro batch)."
     )
     return reasons
+
+
+def _why(best: Option, by: dict[str, Option]) -> str:
+    sent = f"{gib(best.comm_bytes_per_step)} sent per step"
+    if best.offload == "none" and best.strategy in ("ddp", "zero0", "zero1", "zero2"):
+        return (
+            f"The parameters fit on every GPU unsharded, so no parameter all-gathers are needed: {best.label} has "
+            f"{sent}, against {gib(by['zero3'].comm_bytes_per_step)} for ZeRO-3 and "
+            f"{gib(by['ddp'].comm_bytes_per_step)} for DDP (which all-reduces fp32 gradients)."
+        )
+    if best.offload == "none":
+        smallest = min(by[name].gpu_bytes()["total"] for name in ("ddp", "zero0", "zero1", "zero2"))
+        return (
+            "DDP and ZeRO-0/1/2 keep a full copy of the parameters on every GPU and do not fit (the smallest of them "
+            f"needs {gib(smallest)}), so parameters must be sharded: {best.label} gathers them in forward and "
+            f"backward, {sent}."
+        )
+    fitting = sorted((o for o in by.values() if o.fits and o.offload == "none"), key=lambda o: o.comm_bytes_per_step)
+    lead = (
+        f"{fitting[0].label} fits without offload but sends {gib(fitting[0].comm_bytes_per_step)} per step; "
+        if fitting
+        else "Nothing fits in GPU memory without offload; "
+    )
+    moved = "optimizer states and parameters" if "param" in best.offload else "optimizer states"
+    return (
+        f"{lead}offloading moves {moved} to host RAM ({gib(best.host_bytes)} per node), paid for by PCIe copies every"
+        " step and Adam on the CPU: expect much slower steps than without offload."
+    )
 
 
 def _host_warnings(options: list[Option], hardware: Hardware) -> list[str]:
@@ -387,34 +387,39 @@ def refusal(options: list[Option], work: Workload, hardware: Hardware) -> list[s
     return lines
 
 
-def _fits_somewhere(work: Workload, hardware: Hardware) -> Option | None:
-    return recommend(evaluate_all(work, hardware), hardware)
-
-
 def alternatives(work: Workload, hardware: Hardware) -> list[str]:
-    """Changes to the hardware or the run that would make some option fit."""
+    """Changes to the hardware or the run that would make some option fit (the first that works of each kind)."""
+    tries = [
+        [
+            (
+                f"{hardware.nodes * k} nodes of {hardware.gpus_per_node} GPUs",
+                work,
+                replace(hardware, nodes=hardware.nodes * k),
+            )
+            for k in (2, 4, 8, 16, 32, 64, 128)
+        ],
+        [
+            (f"GPUs with {gb} GB each ({hardware.world_size} of them)", work, replace(hardware, gpu_mem=gb * 10**9))
+            for gb in (24, 40, 48, 80, 94, 141, 192)
+            if gb * 10**9 > hardware.gpu_mem
+        ],
+        [("--activation-checkpointing", replace(work, activation_checkpointing=True), hardware)]
+        if not work.activation_checkpointing
+        else [],
+        [("--micro-batch 1", replace(work, micro_batch=1), hardware)] if work.micro_batch > 1 else [],
+        [("LoRA (--lora-r 16)", replace(work, lora_r=16), hardware)] if not work.lora_r else [],
+        [("more host RAM", work, replace(hardware, host_mem=None))] if hardware.host_mem is not None else [],
+    ]
     found = []
-    for nodes in (2, 4, 8, 16, 32, 64, 128):
-        option = _fits_somewhere(work, replace(hardware, nodes=hardware.nodes * nodes))
-        if option:
-            found.append(f"{hardware.nodes * nodes} nodes of {hardware.gpus_per_node} GPUs with {option.label}")
-            break
-    for size_gb in (24, 40, 48, 80, 94, 141, 192):
-        if size_gb * 10**9 > hardware.gpu_mem:
-            option = _fits_somewhere(work, replace(hardware, gpu_mem=size_gb * 10**9))
+    for kind in tries:
+        for text, changed_work, changed_hardware in kind:
+            option = recommend(evaluate_all(changed_work, changed_hardware), changed_hardware)
             if option:
-                found.append(f"GPUs with {size_gb} GB each ({hardware.world_size} of them) with {option.label}")
+                found.append(
+                    f"{text} with {option.label} ({gib(option.gpu_bytes()['total'])} per GPU, {gib(option.host_bytes)} host RAM per node)"
+                )
                 break
-    if not work.activation_checkpointing:
-        option = _fits_somewhere(replace(work, activation_checkpointing=True), hardware)
-        if option:
-            found.append(f"--activation-checkpointing with {option.label}")
-    if not work.lora_r:
-        option = _fits_somewhere(replace(work, lora_r=16), hardware)
-        if option:
-            found.append(f"LoRA (--lora-r 16) with {option.label}")
-    if hardware.host_mem is not None:
-        option = _fits_somewhere(work, replace(hardware, host_mem=None))
-        if option:
-            found.append(f"more host RAM: {option.label} needs {gib(option.host_bytes)} per node")
+    if not found and not work.activation_checkpointing:  # two changes: checkpointing plus one of the others
+        both = alternatives(replace(work, activation_checkpointing=True), hardware)
+        found = [f"--activation-checkpointing and {text}" for text in both if not text.startswith("no tried")]
     return found or ["no tried change (up to 128x the nodes, 192 GB GPUs, checkpointing, LoRA r=16) is enough"]
