@@ -8,12 +8,14 @@ finally runs DeepSpeed's own parse so that whatever passes here also passes ther
 
 Rules (E: error, W: warning):
 - E unknown key inside a section DeepSpeed validates (pydantic models, optimizer/scheduler params checked
-  against the signature of the class DeepSpeed builds), with "did you mean"; E near-miss of a real key where
-  DeepSpeed silently ignores it (top level, activation_checkpointing, aio, ...); W other ignored keys.
+  against the signature of the class DeepSpeed builds), with "did you mean"; E misspelling (<= 2 edits or case)
+  of a real key where DeepSpeed silently ignores it (top level, activation_checkpointing, aio, ...); W other
+  ignored keys (e.g. LLaMA-Factory's comms_config); "_comment"-style keys are left alone.
 - E wrong JSON type, incl. numbers/booleans written as strings ("8", "true") that pydantic would coerce.
 - E keys of removed DeepSpeed features (DeepSpeed's own message); W deprecated keys, with the new name.
 - E "auto" with --for deepspeed (except where DeepSpeed's own default is "auto"); with hf-trainer/accelerate
-  E "auto" where the HF Trainer does not fill it (list read off transformers); E "auto" batch keys with
+  E "auto" where the HF Trainer does not fill it (list read off transformers), W instead where DeepSpeed drops
+  it and uses its default (top level of a model section, e.g. zero_optimization.prefetch_bucket_size); E "auto" batch keys with
   accelerate (it fills the batch itself and fails DeepSpeed's assertion; recipe); E accelerate without zero_optimization.
 - E batch triple: non-positive / non-integer values, none given, train_batch_size != micro x accum x world
   (world from --world-size or the launcher env, divided by sequence_parallel_size), or not divisible when one

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -153,7 +154,7 @@ def _print_text(path: str, problems: list[dict[str, Any]]) -> None:
 
 def _json_safe(value: Any) -> Any:
     """NaN/Infinity are not JSON: show them as strings in --json output."""
-    if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+    if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):
         return {k: _json_safe(v) for k, v in value.items()}
