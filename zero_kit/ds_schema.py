@@ -492,7 +492,7 @@ def _looks_numeric(text: str) -> bool:
 class _Walk:
     """One pass over a config: unknown keys, wrong types, removed and deprecated keys, "auto" locations."""
 
-    def __init__(self, config: dict, native_auto_ok: bool = True) -> None:
+    def __init__(self, config: dict) -> None:
         from zero_kit.lint import Problem
 
         self.config = config
