@@ -175,8 +175,8 @@ def buffer_terms(strategy: str, offload: str, work: Workload, world_size: int) -
     terms: Terms = {"CUDA context + NCCL": (CUDA_CONTEXT_BYTES, "1 GiB, stated")}
     trainable = work.trainable_params or work.n_params
     if strategy == "ddp":
-        # Default DDP copies gradients into flat fp32 buckets; autocast caches 16-bit copies of the weights.
-        terms["DDP gradient buckets"] = (4 * trainable, "4Ψ (gradient_as_bucket_view=False)")
+        # zero_kit's DDP uses gradient_as_bucket_view=True, so the all-reduce buckets are the gradients themselves
+        # (the default False would add a second 4Ψ copy). Autocast caches 16-bit copies of the fp32 weights.
         if a == 2 and not work.lora_r:  # LoRA's frozen base is already 16-bit
             terms["autocast weight cache"] = (2 * work.n_params, "2Ψ")
     elif strategy == "fsdp":
