@@ -29,6 +29,7 @@ from zero_kit.lint import LintContext, lint
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
 SEEDS = [json.loads(p.read_text()) for p in sorted((FIXTURES / "deepspeed").glob("*.json"))]
 SEEDS.append({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 1}})
+HF_SEEDS = [json.loads(p.read_text()) for p in sorted((FIXTURES / "hf-trainer").glob("*.json"))]
 
 
 def fuzz_settings(max_examples: int) -> settings:
@@ -147,7 +148,7 @@ def _check(config, world_size: int | None, target: str) -> None:
         assert deepspeed_parse(copy.deepcopy(config), world_size) is None, (config, world_size)
 
 
-@fuzz_settings(2000)
+@fuzz_settings(1800)
 @given(
     rnd=st.randoms(use_true_random=False), seed=st.sampled_from(range(len(SEEDS))), world=st.sampled_from([1, 2, 4, 8])
 )
@@ -162,6 +163,18 @@ def test_mutated_configs(rnd, seed, world):
     for _ in range(rnd.randint(1, 3)):
         config = _mutate(config, rnd, vocabulary)
     _check(config, world, "deepspeed")
+
+
+@fuzz_settings(500)
+@given(
+    rnd=st.randoms(use_true_random=False), seed=st.sampled_from(range(len(HF_SEEDS))), world=st.sampled_from([None, 2])
+)
+def test_mutated_hf_configs(rnd, seed, world):
+    """Real-world style HF configs (full of "auto"), mutated, judged for the HF Trainer: never a crash."""
+    config = copy.deepcopy(HF_SEEDS[seed])
+    for _ in range(rnd.randint(1, 3)):
+        config = _mutate(config, rnd, _vocabulary())
+    _check(config, world, rnd.choice(["hf-trainer", "accelerate"]))
 
 
 @fuzz_settings(600)
