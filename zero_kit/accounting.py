@@ -119,8 +119,9 @@ def model_state_bytes(
 ) -> StateBytes:
     """Per-rank bytes of parameters, gradients and optimizer state for one strategy.
 
-    Offloading the optimizer (ZeRO-1/2/3) moves the fp32 gradients, master and Adam moments to host RAM; the
-    16-bit gradient partition is copied out bucket by bucket, so only buckets stay (counted as buffers).
+    Offloading the optimizer (ZeRO-1/2/3) moves the fp32 gradient partition, master and Adam moments to host RAM
+    (ZeRO-3 also its gradient accumulation partition); gradients leave the GPU bucket by bucket, so only buckets
+    stay there (counted as buffers by `zero_kit.plan`).
     Offloading parameters (ZeRO-3) moves the 16-bit parameter partition too. With `trainable_params`
     (LoRA), the other parameters are frozen: they keep only their weights (16-bit under mixed precision),
     partitioned by ZeRO-3 and FSDP2, and only the trainable ones carry gradients and optimizer state.
