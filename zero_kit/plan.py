@@ -336,10 +336,10 @@ def explain(best: Option, options: list[Option], work: Workload, hardware: Hardw
 
 
 def _why(best: Option, by: dict[str, Option]) -> str:
-    sent = f"{gib(best.comm_bytes_per_step)} sent per step"
+    sent = f"sends {gib(best.comm_bytes_per_step)} per step"
     if best.offload == "none" and best.strategy in ("ddp", "zero0", "zero1", "zero2"):
         return (
-            f"The parameters fit on every GPU unsharded, so no parameter all-gathers are needed: {best.label} has "
+            f"The parameters fit on every GPU unsharded, so no parameter all-gathers are needed: {best.label} "
             f"{sent}, against {gib(by['zero3'].comm_bytes_per_step)} for ZeRO-3 and "
             f"{gib(by['ddp'].comm_bytes_per_step)} for DDP (which all-reduces fp32 gradients)."
         )
@@ -348,7 +348,7 @@ def _why(best: Option, by: dict[str, Option]) -> str:
         return (
             "DDP and ZeRO-0/1/2 keep a full copy of the parameters on every GPU and do not fit (the smallest of them "
             f"needs {gib(smallest)}), so parameters must be sharded: {best.label} gathers them in forward and "
-            f"backward, {sent}."
+            f"backward and {sent}."
         )
     fitting = sorted((o for o in by.values() if o.fits and o.offload == "none"), key=lambda o: o.comm_bytes_per_step)
     lead = (
