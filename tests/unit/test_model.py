@@ -95,13 +95,36 @@ def test_saved_dir_loads_with_identical_logits(model, tokenizer, tmp_path):
     assert reloaded_tokenizer.chat_template == tokenizer.chat_template
 
 
-def test_mistral_and_qwen2_style_configs_are_accepted(tmp_path):
-    from transformers import MistralConfig, Qwen2Config
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_mistral_and_qwen2_dirs_load_through_the_same_path(tmp_path, tokenizer, family):
+    from transformers import AutoModelForCausalLM, MistralConfig, Qwen2Config
 
-    for cls in (MistralConfig, Qwen2Config):
-        target = tmp_path / cls.model_type
-        cls(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64).save_pretrained(target)
-        assert build_config(str(target)).model_type == cls.model_type
+    config_class = {"mistral": MistralConfig, "qwen2": Qwen2Config}[family]
+    config = config_class(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=len(tokenizer),
+    )
+    torch.manual_seed(0)
+    original = AutoModelForCausalLM.from_config(config).eval()
+    original.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path)).eval()
+    assert loaded.config.model_type == family and build_config(str(tmp_path)).model_type == family
+    batch = load_tokenizer(str(tmp_path))(["ZeRO-3 with CPU offload."], return_tensors="pt")
+    with torch.no_grad():
+        assert torch.equal(original(**batch).logits, loaded(**batch).logits)
+
+
+def test_dtype_is_respected(tmp_path):
+    model = load_model(None, dtype=torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    model.save_pretrained(tmp_path)
+    assert next(load_model(str(tmp_path)).parameters()).dtype == torch.bfloat16  # None keeps the saved dtype
+    assert next(load_model(str(tmp_path), dtype=torch.float32).parameters()).dtype == torch.float32
 
 
 def test_non_llama_dir_is_a_user_error(tmp_path):
