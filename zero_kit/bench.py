@@ -27,7 +27,8 @@ PROGRESS = "[zk-bench]"
 @dataclass(frozen=True)
 class BenchOptions:
     strategies: str = "ddp,fsdp,zero1,zero2,zero3"
-    """Comma-separated strategies: ddp, fsdp, zero0..zero3, zero2_offload, zero3_offload."""
+    """Comma-separated strategies: ddp, fsdp, zero0..zero3, zero2_offload, zero3_offload, and the DeepSpeed variants
+    zero1_reduce / zero2_reduce (per-owner reduce) and zero3_release (re-gather in backward)."""
     nproc: int = 2
     """Ranks (processes) per run; on CPU each is one process using gloo."""
     model: str = "tiny"
@@ -84,19 +85,32 @@ def rank_micro_batches(step: int, opts: BenchOptions, rank: int, world: int, voc
     return [{"input_ids": c, "labels": c} for c in chunks]
 
 
-def build_model(opts: BenchOptions):
-    """Seeded LLaMA-architecture model, identical on every rank; SDPA attention."""
-    import torch
-    from transformers import AutoConfig, LlamaForCausalLM
+def model_config(opts: BenchOptions):
+    """The LLaMA config of the run; a bad size override is the user's mistake, reported before any launch."""
+    from transformers import AutoConfig
 
+    from zero_kit.errors import UserError
     from zero_kit.model import tiny_llama_config
 
     overrides = {k: v for k, v in (("hidden_size", opts.hidden_size), ("num_hidden_layers", opts.layers)) if v}
-    if opts.model == "tiny":
-        config = tiny_llama_config(opts.vocab_size, **overrides)
-    else:
-        config = AutoConfig.from_pretrained(opts.model, **overrides)
+    try:
+        if opts.model == "tiny":
+            config = tiny_llama_config(opts.vocab_size, **overrides)
+        else:
+            config = AutoConfig.from_pretrained(opts.model, **overrides)
+    except (ValueError, OSError) as err:
+        raise UserError(f"cannot build the model config (--model {opts.model}): {err}",
+                        "pick --hidden-size as a multiple of the head count, or a valid model DIR") from err  # fmt: skip
     config._attn_implementation = "sdpa"
+    return config
+
+
+def build_model(opts: BenchOptions):
+    """Seeded LLaMA-architecture model, identical on every rank; SDPA attention."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    config = model_config(opts)
     torch.manual_seed(opts.seed)
     return LlamaForCausalLM(config)
 
@@ -168,28 +182,28 @@ def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, devic
 
 
 def _environment(device: str) -> dict[str, Any]:
+    import importlib.metadata as metadata
+
     import torch
-    import transformers
 
-    versions = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
-    try:
-        import deepspeed
-
-        versions["deepspeed"] = deepspeed.__version__
-    except ImportError:
-        pass
-    hardware = {
-        "machine": platform.machine(),
-        "cpu": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-    }
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    for package in ("transformers", "deepspeed"):  # metadata, not import: DDP/FSDP runs stay free of deepspeed
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    hardware = {"machine": platform.machine(), "cpu": _cpu_model(), "cpus": os.cpu_count()}
     if device.startswith("cuda"):
         hardware["gpu"] = torch.cuda.get_device_name()
     return {"versions": versions, "hardware": hardware}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
 
 
 def _record(strategy, opts: BenchOptions, result: dict, model, device: str, counter: CommCounter) -> dict[str, Any]:
@@ -254,6 +268,8 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
 
     torch.use_deterministic_algorithms(True, warn_only=True)
     device, pg_backend = _device_and_backend()
+    if device.startswith("cuda") and opts.precision == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 on GPU means TF32 matmuls (metrics.PEAK_FLOPS)
     backend_kind = STRATEGIES[strategy_name][0]
     _init_distributed("deepspeed" if LAUNCHER[backend_kind] == "deepspeed" else "torch", pg_backend)
     try:
@@ -360,6 +376,7 @@ def run_bench(opts: BenchOptions, progress=None) -> list[dict]:
     names = [n.strip() for n in opts.strategies.split(",") if n.strip()]
     for name in names:
         check_name(name)
+    model_config(opts)
     out_dir = Path(opts.out)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))

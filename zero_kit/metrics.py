@@ -89,6 +89,7 @@ class CommCounter:
     active: bool = False
     calls: dict[str, int] = field(default_factory=dict)
     payload: dict[str, int] = field(default_factory=dict)
+    sizes: dict[str, dict[int, int]] = field(default_factory=dict)
     sent: float = 0.0
     _local: threading.local = field(default_factory=threading.local)
     _originals: dict[str, Any] = field(default_factory=dict)
@@ -139,11 +140,14 @@ class CommCounter:
         world = dist.get_world_size(group) if dist.is_initialized() else 1
         self.calls[name] = self.calls.get(name, 0) + 1
         self.payload[name] = self.payload.get(name, 0) + payload
+        by_size = self.sizes.setdefault(name, {})
+        by_size[payload] = by_size.get(payload, 0) + 1
         self.sent += ring_bytes(_COLLECTIVES[name], payload, world)
 
     def reset(self) -> None:
         self.calls.clear()
         self.payload.clear()
+        self.sizes.clear()
         self.sent = 0.0
 
     def summary(self, steps: int) -> dict[str, Any]:
@@ -153,6 +157,9 @@ class CommCounter:
             "ring_bytes_sent_per_rank": self.sent / steps,
             "payload_bytes_by_op": {k: v / steps for k, v in sorted(self.payload.items())},
             "calls_by_op": {k: v / steps for k, v in sorted(self.calls.items())},
+            "payload_sizes_by_op": {
+                k: {str(b): n / steps for b, n in sorted(v.items())} for k, v in self.sizes.items()
+            },
         }
 
 

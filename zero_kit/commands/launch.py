@@ -28,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job-name", default="zero-kit", help="SLURM job name")
     parser.add_argument("--time", default="01:00:00", help="SLURM time limit")
     parser.add_argument("--partition", default=None, help="SLURM partition")
+    parser.add_argument("--venv", default=None, help="virtual environment each node activates (default: this one)")
     parser.add_argument("-o", "--output", default=None, help="write the script here instead of printing it")
     parser.add_argument("module_args", nargs=argparse.REMAINDER, help="arguments after -- go to the module")
 
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.slurm:
         job = SlurmJob(nodes=args.nodes, gpus_per_node=args.gpus_per_node, launcher=args.launcher, module=args.module,
                        args=tuple(_module_args(args)), job_name=args.job_name, time=args.time,
-                       partition=args.partition, master_port=args.master_port)  # fmt: skip
+                       partition=args.partition, master_port=args.master_port, venv=args.venv)  # fmt: skip
         _emit(sbatch_script(job), args.output)
     else:
         _emit(_per_node_commands(args), args.output)

@@ -23,7 +23,8 @@ STRATEGIES: dict[str, tuple[str, int | None, str]] = {
     "zero3_offload": ("deepspeed", 3, "cpu"),
     # Variants that change one DeepSpeed knob to show where its traffic differs from the ZeRO paper:
     # zero{1,2}_reduce: per-owner reduce instead of DeepSpeed's default all-reduce of whole buckets;
-    # zero3_release: stage3_max_reuse_distance 0, so parameters are freed after forward and re-gathered in backward.
+    # zero3_release: no reuse distance, live-parameter budget or prefetch, so every parameter is freed after its
+    # forward use and re-gathered for backward (the ZeRO paper's 3Ψ traffic).
     "zero1_reduce": ("deepspeed", 1, "none"),
     "zero2_reduce": ("deepspeed", 2, "none"),
     "zero3_release": ("deepspeed", 3, "none"),
@@ -31,7 +32,11 @@ STRATEGIES: dict[str, tuple[str, int | None, str]] = {
 DS_OVERRIDES: dict[str, dict[str, object]] = {
     "zero1_reduce": {"use_multi_rank_bucket_allreduce": False},
     "zero2_reduce": {"use_multi_rank_bucket_allreduce": False},
-    "zero3_release": {"stage3_max_reuse_distance": 0},
+    "zero3_release": {
+        "stage3_max_reuse_distance": 0,
+        "stage3_max_live_parameters": 0,
+        "stage3_prefetch_bucket_size": 0,
+    },
 }
 LAUNCHER = {"ddp": "torchrun", "fsdp": "torchrun", "deepspeed": "deepspeed"}
 

@@ -1,0 +1,28 @@
+"""The recorded CPU comparison: DDP, FSDP2 and ZeRO-1/2/3 (plus the two DeepSpeed variants that explain its
+traffic) on 2 CPU ranks with gloo, fp32, the embedded tiny LLaMA, 20 steps. Run from the repository root:
+
+    OMP_NUM_THREADS=1 python benchmarks/compare_cpu.py
+
+which is exactly
+
+    zero-kit bench --strategies ddp,fsdp,zero1,zero2,zero3,zero2_reduce,zero3_release --nproc 2 --steps 20 \\
+        --warmup 3 --precision fp32 --out benchmarks/results/cpu
+
+and writes results.jsonl, table.md, throughput.png, memory.png and loss.png under benchmarks/results/cpu.
+Add `--nproc 4 --out benchmarks/results/cpu_4ranks` (as arguments to this script) for the 4-rank accounting run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ARGS = ["bench", "--strategies", "ddp,fsdp,zero1,zero2,zero3,zero2_reduce,zero3_release", "--nproc", "2",
+        "--steps", "20", "--warmup", "3", "--precision", "fp32", "--out", "benchmarks/results/cpu"]  # fmt: skip
+
+if __name__ == "__main__":
+    from zero_kit.cli import main
+
+    sys.exit(main(ARGS + sys.argv[1:]))
