@@ -202,7 +202,9 @@ def tokenize_dataset(
     stats.rows_kept = len(examples)
     stats.tokens = sum(len(ids) for ids, _ in examples)
     stats.trained_tokens = sum(sum(label != IGNORE_INDEX for label in labels) for _, labels in examples)
-    columns = pack_examples(examples, max_length, tokenizer.pad_token_id) if pack else _plain_columns(examples)
+    # Filler tokens are their own segment with no loss, so any id works when a raw tokenizer lacks pad.
+    pad_id = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
+    columns = pack_examples(examples, max_length, pad_id) if pack else _plain_columns(examples)
     stats.sequences = len(columns["input_ids"])
     return Dataset.from_dict(columns), stats
 

@@ -189,3 +189,18 @@ def test_several_files_of_different_kinds_load_together(tmp_path, tokenizer):
     dataset, stats = tokenize_dataset(loaded, tokenizer, None, 256, skip_bad=True)
     reference, _ = tokenize_dataset(rows, tokenizer, "alpaca", 256)
     assert dataset["input_ids"] == reference["input_ids"] and stats.first_skipped["missing_field"].startswith(second)
+
+
+def test_saved_dataset_dict_uses_the_train_split(tmp_path, tokenizer):
+    import datasets
+
+    rows = bundled_rows("text", 4)
+    splits = {"train": datasets.Dataset.from_list(rows[:3]), "test": datasets.Dataset.from_list(rows[3:])}
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "dict"))
+    loaded = load_dataset_rows([str(tmp_path / "dict")], None)
+    assert loaded.fmt == "text" and len(loaded) == 3
+    del splits["train"]
+    splits["validation"] = splits["test"]
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "no_train"))
+    with pytest.raises(UserError, match="none is 'train'"):
+        load_dataset_rows([str(tmp_path / "no_train")], None)
