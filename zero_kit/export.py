@@ -25,6 +25,42 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+class AnonPeak:
+    """Peak anonymous RSS (RssAnon in /proc/self/status, sampled every 5 ms in a thread) while in the block.
+
+    ru_maxrss also counts the page cache of the mmapped ZeRO shards, which the kernel can drop at will;
+    anonymous memory is what the export really holds. Linux only (0 elsewhere)."""
+
+    def __enter__(self) -> AnonPeak:
+        import threading
+
+        self.peak_mib = self.start_mib = _rss_anon_mib()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak_mib = max(self.peak_mib, _rss_anon_mib())
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_mib = max(self.peak_mib, _rss_anon_mib())
+
+
+def _rss_anon_mib() -> float:
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def export_checkpoint(
     checkpoint_dir: Path, out_dir: Path, *, merge: bool = False, dtype: str = "fp32", max_shard_mib: int = 1024
 ) -> Path:
@@ -40,7 +76,8 @@ def export_checkpoint(
     if options.get("lora_r") is None:
         _write_model(_full_tensors(lazy), config, out_dir, dtype, max_shard_mib)
     elif merge:
-        _write_model(_merged_tensors(lazy, _lora_scale(options)), config, out_dir, dtype, max_shard_mib)
+        merged = _merged_tensors(_base_tensors(options), lazy, _lora_scale(options))
+        _write_model(merged, config, out_dir, dtype, max_shard_mib)
     else:
         _write_adapter(lazy, options, config, out_dir, dtype, max_shard_mib)
     zk_model.load_tokenizer(options.get("model")).save_pretrained(out_dir)
@@ -89,27 +126,55 @@ def _full_tensors(lazy: dict) -> Iterator[tuple[str, object]]:
         yield name, lazy.pop(name)
 
 
-def _strip_peft(name: str) -> str:
-    name = name.removeprefix(PEFT_PREFIX)
-    return name.replace(".base_layer.", ".")
-
-
 def _lora_scale(options: dict) -> float:
     alpha = options.get("lora_alpha")
     r = options["lora_r"]
     return (alpha if alpha is not None else 2 * r) / r
 
 
-def _merged_tensors(lazy: dict, scale: float) -> Iterator[tuple[str, object]]:
-    """Base weights with W + scale * B @ A folded in; adapter tensors themselves are not written."""
-    for name in [n for n in lazy if ".lora_" not in n]:
-        tensor = lazy[name]
-        if ".base_layer.weight" in name:
-            stem = name.removesuffix(".base_layer.weight")
-            tensor = _LazyMerge(
-                tensor, lazy[f"{stem}.lora_A.default.weight"], lazy[f"{stem}.lora_B.default.weight"], scale
-            )
-        yield _strip_peft(name), tensor
+def _merged_tensors(base: dict, lazy: dict, scale: float) -> Iterator[tuple[str, object]]:
+    """Base weights with W + scale * B @ A folded in wherever the run had an adapter."""
+    for name, tensor in base.items():
+        stem = PEFT_PREFIX + name.removesuffix(".weight")
+        lora_a, lora_b = lazy.get(f"{stem}.lora_A.default.weight"), lazy.get(f"{stem}.lora_B.default.weight")
+        yield name, tensor if lora_a is None else _LazyMerge(tensor, lora_a, lora_b, scale)
+
+
+def _base_tensors(options: dict) -> dict:
+    """The frozen base weights, which the Trainer leaves out of LoRA checkpoints (exclude_frozen_parameters):
+    lazily from the model directory's safetensors, or rebuilt from the seed for the embedded tiny default
+    (its construction is deterministic, under ZeRO-3 init too)."""
+    model_dir = options.get("model")
+    if model_dir is None:
+        import torch
+
+        from zero_kit import model as zk_model
+
+        return zk_model.load_model(None, dtype=torch.float32, seed=options.get("seed", 0)).state_dict()
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise UserError(f"--model {model_dir}: no *.safetensors files for the LoRA base", "convert the base first")
+    return {name: lazy for path in files for name, lazy in _safetensors_lazy(path).items()}
+
+
+class _SafeLazy:
+    """One tensor of a safetensors file, read only when its output shard is written."""
+
+    def __init__(self, path: Path, name: str, shape):
+        self.path, self.name, self.shape = path, name, tuple(shape)
+
+    def contiguous(self):
+        from safetensors import safe_open
+
+        with safe_open(str(self.path), framework="pt") as handle:
+            return handle.get_tensor(self.name).float()
+
+
+def _safetensors_lazy(path: Path) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        return {name: _SafeLazy(path, name, handle.get_slice(name).get_shape()) for name in handle.keys()}  # noqa: SIM118 (not a dict)
 
 
 class _LazyMerge:
@@ -222,7 +287,7 @@ def _write_adapter(lazy: dict, options: dict, config, out_dir: Path, dtype: str,
     base_dir = Path(options["model"]).resolve() if options.get("model") else (out_dir / "base").resolve()
     if not options.get("model"):
         base_dir.mkdir(parents=True, exist_ok=True)
-        _write_model(_merged_base(lazy), config, base_dir, dtype, max_shard_mib)
+        _write_model(iter(_base_tensors(options).items()), config, base_dir, dtype, max_shard_mib)
     _write_shards(_plan_shards(adapter, None, dtype, 2**62), out_dir, "adapter_model", None)
     r = options["lora_r"]
     targets = [t.strip() for t in options["lora_targets"].split(",") if t.strip()]
@@ -231,11 +296,6 @@ def _write_adapter(lazy: dict, options: dict, config, out_dir: Path, dtype: str,
     lora.base_model_name_or_path = str(base_dir)
     lora.task_type = "CAUSAL_LM"
     lora.save_pretrained(str(out_dir))
-
-
-def _merged_base(lazy: dict) -> Iterator[tuple[str, object]]:
-    for name in [n for n in lazy if ".lora_" not in n]:
-        yield _strip_peft(name), lazy[name]
 
 
 def describe(out_dir: Path) -> str:

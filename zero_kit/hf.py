@@ -45,14 +45,19 @@ def adopt_file_values(opts: TrainOptions, config: dict) -> TrainOptions:
         "weight_decay": params.get("weight_decay"),
         "gradient_clipping": config.get("gradient_clipping"),
     }
-    changes = {
-        name: value
-        for name, value in sources.items()
-        if isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and getattr(opts, name) == getattr(defaults, name)
-    }
-    return dataclasses.replace(opts, **changes)
+    concrete = {k: v for k, v in sources.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    given = {k: v for k, v in concrete.items() if getattr(opts, k) != getattr(defaults, k)}
+    conflicts = [
+        f"--{k.replace('_', '-')} {getattr(opts, k)} vs {v} in the file"
+        for k, v in given.items()
+        if getattr(opts, k) != v
+    ]
+    if conflicts:
+        raise UserError(
+            f"--ds-config {opts.ds_config} sets values that differ from the flags: {'; '.join(conflicts)}",
+            'drop those flags, or write "auto" in the file so the flags decide',
+        )
+    return dataclasses.replace(opts, **{k: v for k, v in concrete.items() if k not in given})
 
 
 def trainer_ds_config(opts: TrainOptions) -> dict:

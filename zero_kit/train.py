@@ -54,6 +54,7 @@ def _run_rank(opts: TrainOptions) -> int:
     output = Path(opts.output)
     ds_config = trainer_ds_config(opts)
     opts = adopt_file_values(opts, ds_config)
+    _use_torch_adam_on_cpu(ds_config)
     # TrainingArguments(deepspeed=...) must exist before the model: it registers HfDeepSpeedConfig, so a
     # ZeRO-3 model is built inside deepspeed.zero.Init and no rank ever holds all of it.
     args = _training_arguments(opts, ds_config, output)
@@ -115,6 +116,20 @@ def _training_arguments(opts: TrainOptions, ds_config: dict, output: Path):
         dataloader_num_workers=0,
         save_only_model=False,
     )
+
+
+def _use_torch_adam_on_cpu(ds_config: dict) -> None:
+    """On CPU without optimizer offload DeepSpeed picks FusedAdam, whose step count does not survive a
+    checkpoint round trip bit for bit; torch.optim.AdamW (`torch_adam`) keeps its step in the saved state,
+    so a resumed run is bitwise equal to an uninterrupted one. GPUs keep FusedAdam."""
+    import torch
+
+    optimizer = ds_config.get("optimizer")
+    offload = ds_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none")
+    if torch.cuda.is_available() or not isinstance(optimizer, dict) or offload not in (None, "none"):
+        return
+    if str(optimizer.get("type", "")).lower() in ("adam", "adamw"):
+        optimizer.setdefault("params", {}).setdefault("torch_adam", True)
 
 
 def _init_deepspeed_comm(args) -> None:
@@ -311,7 +326,13 @@ def _probe_logits(trainer, dataset, collator) -> None:
 def _export_final(output: Path, args) -> None:
     # Rank 0 only and no barrier afterwards: a long export must not trip the other ranks' collective timeout.
     if args.process_index == 0:
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
         from zero_kit.export import export_checkpoint
+
+        # Training is over: models the export builds (the LoRA base) must not enter zero.Init, whose
+        # collectives would wait for ranks that are not there.
+        unset_hf_deepspeed_config()
 
         ckpt = checkpoint.newest_complete(output)
         if ckpt is None:

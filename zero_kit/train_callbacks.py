@@ -131,7 +131,8 @@ class PreemptionCallback(TrainerCallback):
             return self.requested
         import torch
 
-        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 

@@ -7,6 +7,7 @@ MASTER_PORT to each rank; SLURM's srun exports SLURM_PROCID / SLURM_NTASKS inste
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -72,8 +73,29 @@ def relaunch(opts: TrainOptions, nproc: int) -> int:
     env = {**os.environ, RELAUNCHED: "1", "PYTHONUNBUFFERED": "1"}
     print("zero-kit train: launching", " ".join(cmd[1:]), flush=True)
     proc = subprocess.Popen(cmd, env=env)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: _forward_to_ranks(proc.pid, signum))
     try:
         return proc.wait()
     except KeyboardInterrupt:
         proc.terminate()
         return proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _forward_to_ranks(launcher_pid: int, signum: int) -> None:
+    """SIGTERM (preemption) goes straight to every rank at once: the local `deepspeed` runner does not
+    forward it, and launch.py would signal the ranks one after another. Each rank then saves and exits 75."""
+    import psutil
+
+    try:
+        children = psutil.Process(launcher_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for child in children:
+        try:
+            cmdline = child.cmdline()
+            if "zero_kit.cli" in cmdline and not any("deepspeed.launcher" in part for part in cmdline):
+                child.send_signal(signum)
+        except psutil.Error:
+            pass

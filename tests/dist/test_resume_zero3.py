@@ -1,0 +1,97 @@
+"""ZeRO-3 on two CPU ranks through `zero-kit train --nproc 2` (re-launch under the `deepspeed` launcher):
+construction under zero.Init, export with equal logits, and a run killed after a checkpoint that resumes to
+bitwise the same weights as an uninterrupted run; a SIGTERM (preemption) saves, exits 75 and resumes exactly."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from train_helpers import FAST, assert_trained, env, load_safetensors_dir, log_records, run, run_info, zero_kit
+
+from zero_kit.train_options import EXIT_PREEMPTED
+
+pytestmark = pytest.mark.dist
+STEPS = 5
+# constant LR keeps the comparison about state, not schedule; save every 2 steps in both runs.
+JOB = ["--stage", "3", "--max-steps", str(STEPS), "--save-steps", "3", "--lr-scheduler", "constant", *FAST]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("zk_train_u")
+    probe = out / "probe.pt"
+    cmd = zero_kit("train", "--nproc", "2", "--master-port", "29610", "--output", str(out / "run"), *JOB)
+    proc = run(cmd, extra_env={"ZERO_KIT_PROBE_LOGITS": str(probe)})
+    assert f"step {STEPS}/{STEPS}" in proc.stdout
+    return out
+
+
+def test_zero3_model_was_never_whole_on_a_rank(uninterrupted):
+    assert_trained(uninterrupted / "run", STEPS, world_size=2, stage=3)
+    held = run_info(uninterrupted / "run")["zero3_init"]
+    total, per_rank = held["total_parameters"], held["elements_held_per_rank"]
+    assert len(per_rank) == 2 and total > 1_000_000
+    # zero.Init partitions every parameter as it is created: each rank holds half (+ padding), never the whole.
+    assert all(n <= total // 2 + 1024 for n in per_rank), (total, per_rank)
+
+
+def test_export_matches_in_training_logits_and_generates(uninterrupted):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    final = uninterrupted / "run" / "final"
+    model = AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32).eval()
+    for name, tensor in model.state_dict().items():
+        assert tensor.numel() > 0, name
+    probe = torch.load(uninterrupted / "probe.pt")
+    with torch.no_grad():
+        logits = model(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"]).logits
+    assert logits.shape == probe["logits"].shape
+    assert torch.equal(logits, probe["logits"]), (logits - probe["logits"]).abs().max()
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    prompt = tokenizer("What does ZeRO stage 3 shard?", return_tensors="pt")
+    out = model.generate(**prompt, max_new_tokens=8, do_sample=False)
+    assert out.shape[1] == prompt["input_ids"].shape[1] + 8
+    assert tokenizer.decode(out[0, prompt["input_ids"].shape[1] :]).strip()
+
+
+def _preempt_after_first_step(out: Path) -> int:
+    """SIGTERM the plain `zero-kit train --nproc 2` (as SLURM does before preemption) once step 1 is logged;
+    returns its exit code. It forwards the signal to both ranks, which finish the step, save and exit."""
+    cmd = zero_kit("train", "--nproc", "2", "--master-port", "29611", "--output", str(out), *JOB)
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = out / "train_log.jsonl"
+    deadline = time.monotonic() + 180
+    try:
+        while time.monotonic() < deadline and proc.poll() is None and not (log.is_file() and log.read_text()):
+            time.sleep(0.05)
+        assert proc.poll() is None, "the job ended before it could be preempted"
+        proc.send_signal(signal.SIGTERM)
+        return proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_preempted_run_resumes_to_bitwise_equal_weights(uninterrupted, tmp_path):
+    out = tmp_path / "run"
+    assert _preempt_after_first_step(out) == EXIT_PREEMPTED
+    stopped_at = log_records(out)[-1]["step"]
+    assert 1 <= stopped_at < STEPS
+    assert (out / "latest_complete").read_text().strip() == f"checkpoint-{stopped_at}"
+    proc = run(
+        zero_kit("train", "--nproc", "2", "--master-port", "29612", "--output", str(out), "--resume", "auto", *JOB)
+    )
+    resumed_from = int(proc.stdout.split("resuming from ")[1].split("checkpoint-")[1].split()[0])
+    assert resumed_from == stopped_at
+    assert log_records(out)[-1]["step"] == STEPS
+    resumed = load_safetensors_dir(out / "final")
+    reference = load_safetensors_dir(uninterrupted / "run" / "final")
+    assert resumed.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert tensor.dtype == torch.float32
+        assert torch.equal(resumed[name], tensor), f"{name} differs after resume from step {stopped_at}"
