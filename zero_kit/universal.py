@@ -1,0 +1,146 @@
+"""Resume at a different world size through DeepSpeed's universal checkpoint.
+
+A ZeRO checkpoint holds one optimizer shard per data-parallel rank, cut for the world size that wrote it;
+DeepSpeed refuses to load it at another size. When `zero-kit train --resume` picks a checkpoint written at a
+different world size (as its manifest / zero_kit_run.json records), rank 0 converts it once with DeepSpeed's
+own tool (`python -m deepspeed.checkpoint.ds_to_universal`) into `checkpoint-N/global_stepN_universal` and
+points `checkpoint-N/latest_universal` at it; every rank then loads it through the HF Trainer's usual
+DeepSpeed resume (`engine.load_checkpoint`) with `"checkpoint": {"load_universal": true}` in the config.
+
+The conversion is crash-safe like the checkpoints themselves: it is written under a temporary name, renamed,
+and `latest_universal` is written last, atomically; a half-done conversion is deleted and redone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from zero_kit import checkpoint
+from zero_kit.errors import UserError
+
+LATEST_UNIVERSAL = "latest_universal"
+TIMEOUT_S = 3600
+
+
+def saved_world_size(ckpt: Path) -> int | None:
+    """The world size that wrote `ckpt`: from zero-kit's manifest or run record, else DeepSpeed's shard files."""
+    for name in (checkpoint.MANIFEST, checkpoint.RUN_INFO):
+        try:
+            value = json.loads((ckpt / name).read_text(encoding="utf-8")).get("world_size")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(value, int) and value > 0:
+            return value
+    tag = deepspeed_tag(ckpt)
+    if tag is None:
+        return None
+    shards = list((ckpt / tag).glob("*_optim_states.pt"))
+    return len(shards) or None
+
+
+def deepspeed_tag(ckpt: Path) -> str | None:
+    """The tag DeepSpeed's `latest` file names (e.g. global_step4), if it exists as a directory."""
+    try:
+        tag = (ckpt / "latest").read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return tag if tag and (ckpt / tag).is_dir() else None
+
+
+def universal_ready(ckpt: Path) -> bool:
+    """True once our pointer names the finished, renamed conversion (never the temporary directory)."""
+    try:
+        tag = (ckpt / LATEST_UNIVERSAL).read_text(encoding="utf-8").strip()
+    except OSError:
+        return False
+    return tag == f"{deepspeed_tag(ckpt)}_universal" and (ckpt / tag / "zero").is_dir()
+
+
+def convert(ckpt: Path) -> Path:
+    """Write the universal form of `ckpt` (rank 0 only); returns its directory. Idempotent and crash-safe."""
+    tag = deepspeed_tag(ckpt)
+    if tag is None:
+        raise UserError(f"{ckpt}: no DeepSpeed `latest` tag directory to convert", "resume from a zero-kit checkpoint")
+    final = ckpt / f"{tag}_universal"
+    if universal_ready(ckpt):
+        return final
+    tmp = ckpt / f".{tag}_universal.tmp"
+    for leftover in (tmp, final):
+        shutil.rmtree(leftover, ignore_errors=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(ckpt / tag),
+        "--output_folder",
+        str(tmp),
+        "--num_extract_workers",
+        "1",  # in-process: no process pool inside a training rank
+        "--num_merge_workers",
+        "1",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        (ckpt / LATEST_UNIVERSAL).unlink(missing_ok=True)
+        raise UserError(
+            f"{ckpt}: DeepSpeed's universal checkpoint conversion failed (exit {proc.returncode}):\n"
+            + proc.stderr[-2000:],
+            f"resume at the world size that wrote it ({saved_world_size(ckpt)} ranks)",
+        )
+    # ds_to_universal points a `latest_universal` beside its output folder at the temporary name: ours wins.
+    (ckpt / LATEST_UNIVERSAL).unlink(missing_ok=True)
+    os.replace(tmp, final)
+    checkpoint.fsync_tree(final)
+    checkpoint.atomic_write_text(ckpt / LATEST_UNIVERSAL, final.name + "\n")
+    return final
+
+
+def prepare_resume(resume_from: Path | None, args) -> bool:
+    """Call on every rank after the resume checkpoint is chosen, before the Trainer is built (args: the HF
+    TrainingArguments). If the checkpoint was written at another world size: rank 0 converts it, all ranks
+    wait, and the DeepSpeed config gets `load_universal`. Returns True when the universal path is taken."""
+    if resume_from is None:
+        return False
+    saved = saved_world_size(resume_from)
+    if saved is None or saved == args.world_size:
+        return False
+    import torch.distributed as dist
+
+    failure = None
+    if args.process_index == 0:
+        print(
+            f"zero-kit train: {resume_from.name} was written by {saved} rank(s), this run has {args.world_size}:"
+            " converting it to a DeepSpeed universal checkpoint",
+            flush=True,
+        )
+        try:
+            convert(resume_from)
+        except (UserError, OSError, subprocess.TimeoutExpired) as err:
+            failure = err
+    _agree_or_raise(failure, resume_from, dist)
+    config = args.hf_deepspeed_config.config
+    config.setdefault("checkpoint", {})["load_universal"] = True
+    return True
+
+
+def _agree_or_raise(failure: Exception | None, ckpt: Path, dist) -> None:
+    """Every rank learns whether rank 0's conversion worked (no rank waits forever on a failed one)."""
+    ok = failure is None
+    if dist.is_available() and dist.is_initialized():
+        import torch
+
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor([0 if ok else 1], dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        ok = flag.item() == 0
+    if isinstance(failure, UserError):
+        raise failure
+    if not ok:
+        raise UserError(f"{ckpt}: universal checkpoint conversion failed on rank 0 ({failure or 'see its log'})")
