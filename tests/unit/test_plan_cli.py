@@ -117,3 +117,16 @@ def test_output_for_fsdp_writes_nearest_zero_and_says_so(capsys, tmp_path, monke
     assert code == 0
     assert "not DeepSpeed" in err and "stage 3" in err
     assert json.loads(path.read_text())["zero_optimization"]["stage"] == 3
+
+
+def test_fp32_and_lora_formulas_reach_the_json(capsys):
+    code, out, _ = _run(
+        capsys, "--model", "llama-3.2-1b", "--gpu-mem", "80GB", "--gpus-per-node", "2", "--precision", "fp32", "--json"
+    )
+    assert code == 0
+    formulas = {o["label"]: o["model_states_formula"] for o in json.loads(out)["options"]}
+    assert formulas["zero3"] == "20Ψ/N" and formulas["zero2"] == "4Ψ + 16Ψ/N"
+    code, out, _ = _run(capsys, "--model", "llama-3.2-1b", "--gpu-mem", "24GB", "--lora-r", "8", "--json")
+    options = {o["label"]: o for o in json.loads(out)["options"]}
+    assert options["zero2"]["model_states_formula"] == "2Ψf + 2Ψt + 18Ψt/N"
+    assert options["zero2"]["gpu_bytes"]["model_states"] < 3 * 10**9  # ~2.5 GB of frozen bf16 weights + small adapters
