@@ -149,15 +149,20 @@ def check_host_ram(
     stage = (ds_config.get("zero_optimization") or {}).get("stage", 0)
     if offload is None or stage not in (1, 2, 3):
         return []
-    from zero_kit.plan import Hardware, Workload, host_terms, state_terms
+    from zero_kit.plan import HOST_BASELINE_PER_RANK, Workload, state_terms
 
     strategy = f"zero{stage}"
     if offload == "optimizer+param" and strategy != "zero3":
         offload = "optimizer"
     work = Workload(shape=shape, n_params=shape.n_params, precision=precision, lora_r=lora_r)
-    hardware = Hardware(gpu_mem=0, gpus_per_node=local_ranks, nodes=nodes)
-    _, offloaded, _ = state_terms(strategy, offload, work, hardware.world_size)
-    terms = host_terms(strategy, offloaded, work, hardware)
+    _, offloaded, _ = state_terms(strategy, offload, work, local_ranks * nodes)
+    # The planner's host model (zero_kit.plan.host_terms) less its loading phase, whose fixed 5 GiB shard
+    # would refuse tiny models: what the offload itself holds, pinned, plus each rank's baseline.
+    ((states, formula),) = offloaded.values()
+    terms = {
+        "baseline per rank": (local_ranks * HOST_BASELINE_PER_RANK, f"{local_ranks} x 2 GiB"),
+        "offloaded states, pinned": (local_ranks * states, f"{local_ranks} x ({formula})"),
+    }
     need, have = sum(v for v, _ in terms.values()), host_mem_bytes()
     if need <= have:
         return []
@@ -227,3 +232,12 @@ def disk_errors_as_user_errors(output: Path) -> Iterator[None]:
             "free space (or fix the mount) and relaunch with --resume auto: it continues from the last complete"
             " checkpoint",
         ) from err
+
+
+def check_training_run(opts, ds_config: dict, args) -> None:
+    """`run_preflight` for one rank of `zero-kit train` (args: its HF TrainingArguments): precision from the
+    arguments, ranks per node from the launcher's LOCAL_WORLD_SIZE (else all ranks on this host)."""
+    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or args.world_size)
+    nodes = max(1, args.world_size // max(local_ranks, 1))
+    run_preflight(opts, ds_config, precision=precision, local_ranks=local_ranks, nodes=nodes)

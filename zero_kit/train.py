@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from zero_kit import checkpoint
+from zero_kit import checkpoint, preflight, universal
 from zero_kit.errors import UserError
 from zero_kit.train_launch import RELAUNCHED, relaunch, single_process_env, slurm_to_torch_env, under_launcher
 from zero_kit.train_options import EXIT_PREEMPTED, TrainOptions, check_options, default_lr
@@ -58,8 +58,10 @@ def _run_rank(opts: TrainOptions) -> int:
     # TrainingArguments(deepspeed=...) must exist before the model: it registers HfDeepSpeedConfig, so a
     # ZeRO-3 model is built inside deepspeed.zero.Init and no rank ever holds all of it.
     args = _training_arguments(opts, ds_config, output)
+    preflight.check_training_run(opts, ds_config, args)  # output dir, disk space, NVMe path, host RAM: before any work
     _init_deepspeed_comm(args)
     resume_from = _resolve_resume(opts, output, args)
+    universal.prepare_resume(resume_from, args)  # written at another world size: convert, load_universal
     tokenizer, model, held = _build_model(opts)
     dataset, collator, stats = _build_data(opts, tokenizer)
     run_info = _run_info(opts, ds_config, args, held, stats)
@@ -68,7 +70,8 @@ def _run_rank(opts: TrainOptions) -> int:
         checkpoint.atomic_write_text(output / checkpoint.RUN_INFO, json.dumps(run_info, indent=1) + "\n")
         _print_start(opts, args, held, stats, resume_from, run_info["zero_stage"])
     trainer, preemption = _trainer(opts, args, model, tokenizer, dataset, collator, output, run_info)
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    with preflight.disk_errors_as_user_errors(output):  # a disk that fills up mid-run: a message, not a traceback
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     if preemption.stopped:
         if args.process_index == 0:
             print(f"zero-kit train: preempted; checkpoint saved, exit {EXIT_PREEMPTED}", file=sys.stderr)

@@ -152,3 +152,15 @@ def test_disk_errors_during_training_become_user_errors(tmp_path, code):
 def test_other_os_errors_pass_through(tmp_path):
     with pytest.raises(FileNotFoundError), preflight.disk_errors_as_user_errors(tmp_path):
         raise FileNotFoundError(errno.ENOENT, "gone")
+
+
+def test_enough_host_ram_for_cpu_offload_passes(tmp_path, monkeypatch):
+    monkeypatch.setenv(preflight.HOST_MEM_ENV, str(16 * 2**30))
+    config = {
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
+    }
+    _check(_options(tmp_path), config, local_ranks=2)
+    # 2 ranks x (2 GiB baseline + offloaded fp32 states): just over 4 GiB refuses, for a model of 3M parameters.
+    monkeypatch.setenv(preflight.HOST_MEM_ENV, str(4 * 2**30))
+    with pytest.raises(UserError, match="host RAM 4.00 GiB < about 4.0"):
+        _check(_options(tmp_path), config, local_ranks=2)
