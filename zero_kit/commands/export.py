@@ -22,6 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Libraries first, so "before" below is the baseline and the difference is what the export itself holds.
+    import deepspeed.utils.zero_to_fp32  # noqa: F401
+    import transformers  # noqa: F401
+
     from zero_kit.export import AnonPeak, describe, export_checkpoint, peak_rss_mib
 
     with AnonPeak() as anon:
