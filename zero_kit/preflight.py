@@ -216,6 +216,26 @@ def run_preflight(opts, ds_config: dict, *, precision: str, local_ranks: int, no
 
 
 _DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded", errno.EROFS: "read-only"}
+# What libraries that wrap the OS error say instead (safetensors' SafetensorError, torch's RuntimeError).
+_DISK_MESSAGES = {
+    "No space left on device": "the disk is full",
+    "Disk quota exceeded": "the disk quota is exceeded",
+    "Read-only file system": "read-only",
+}
+
+
+def _disk_reason(err: BaseException, output: Path) -> str | None:
+    for exc in (err, err.__cause__, err.__context__):
+        if isinstance(exc, OSError) and exc.errno in _DISK_ERRORS:
+            return _DISK_ERRORS[exc.errno]
+        text = str(exc) if exc is not None else ""
+        for needle, reason in _DISK_MESSAGES.items():
+            if needle in text:
+                return reason
+    # torch.save only says its zip writer failed; the free space on --output tells why.
+    if "file write failed" in str(err) and shutil.disk_usage(_existing_ancestor(output)).free < 2**20:
+        return "the disk is full"
+    return None
 
 
 @contextmanager
@@ -224,11 +244,13 @@ def disk_errors_as_user_errors(output: Path) -> Iterator[None]:
     traceback. The checkpoint being written stays incomplete, so `--resume auto` skips it."""
     try:
         yield
-    except OSError as err:
-        if err.errno not in _DISK_ERRORS:
+    except Exception as err:
+        reason = _disk_reason(err, output)
+        if reason is None:
             raise
+        free = shutil.disk_usage(_existing_ancestor(output)).free
         raise UserError(
-            f"--output {output}: writing {err.filename or 'a checkpoint'} failed, {_DISK_ERRORS[err.errno]}",
+            f"--output {output}: writing a checkpoint failed, {reason} ({_gib(free)} free): {str(err)[:200]}",
             "free space (or fix the mount) and relaunch with --resume auto: it continues from the last complete"
             " checkpoint",
         ) from err

@@ -149,6 +149,12 @@ def test_disk_errors_during_training_become_user_errors(tmp_path, code):
     assert "checkpoint-4" in err.value.message and "--resume auto" in err.value.fix
 
 
+def test_wrapped_disk_full_errors_are_recognised(tmp_path):
+    # safetensors raises its own error type with the OS message inside
+    with pytest.raises(UserError, match="the disk is full"), preflight.disk_errors_as_user_errors(tmp_path):
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
 def test_other_os_errors_pass_through(tmp_path):
     with pytest.raises(FileNotFoundError), preflight.disk_errors_as_user_errors(tmp_path):
         raise FileNotFoundError(errno.ENOENT, "gone")
