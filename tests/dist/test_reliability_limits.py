@@ -1,0 +1,73 @@
+"""Resource limits through the real `zero-kit train` CLI (one process, CPU): a clear message and exit 2, never a
+traceback. Real filesystems, not patches: tmpfs mounts (tests run as root) make a read-only output directory
+and a disk that fills up in the middle of a run; ZERO_KIT_HOST_MEM_BYTES stands in for a small host."""
+
+from __future__ import annotations
+
+import subprocess
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from train_helpers import FAST, env, zero_kit
+
+from zero_kit import checkpoint
+from zero_kit.preflight import HOST_MEM_ENV
+
+pytestmark = pytest.mark.dist
+
+
+@contextmanager
+def tmpfs(path: Path, size_mb: int, *, read_only: bool = False):
+    path.mkdir(parents=True, exist_ok=True)
+    options = f"size={size_mb}m" + (",ro" if read_only else "")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=True, timeout=30)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False, timeout=30)
+
+
+def _train(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
+    cmd = zero_kit("train", "--master-port", "29850", *FAST, *args)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env(**extra_env))
+
+
+def test_read_only_output_missing_nvme_and_small_host_in_one_message(tmp_path):
+    missing_nvme = tmp_path / "no-nvme"
+    with tmpfs(tmp_path / "ro", 20, read_only=True) as ro:
+        proc = _train(
+            "--output",
+            str(ro / "run"),
+            "--stage",
+            "3",
+            "--offload-optimizer",
+            "cpu",
+            "--offload-param",
+            "nvme",
+            "--nvme-path",
+            str(missing_nvme),
+            **{HOST_MEM_ENV: str(2**30)},
+        )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    err = proc.stderr
+    assert "3 problems before training" in err
+    assert f"--output {ro / 'run'}: cannot create it (Read-only file system" in err
+    assert f"--nvme-path {missing_nvme}: does not exist" in err and "mkdir -p" in err
+    assert "host RAM 1.00 GiB < about" in err and "offloaded states, pinned" in err
+
+
+def test_disk_full_during_a_save_is_a_message_and_resume_skips_the_partial_checkpoint(tmp_path):
+    # 60 MB: the preflight's one-checkpoint estimate (~47 MB for the tiny model, fp32) fits, two do not.
+    with tmpfs(tmp_path / "small", 60) as small:
+        out = small / "run"
+        proc = _train("--output", str(out), "--stage", "2", "--max-steps", "3", "--save-steps", "1")
+        complete = checkpoint.newest_complete(out)
+        partial = [p.name for p in checkpoint.list_checkpoints(out) if not checkpoint.is_complete(p)]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert f"--output {out}: writing a checkpoint failed, the disk is full" in proc.stderr
+    assert "--resume auto" in proc.stderr
+    assert complete is not None and complete.name == "checkpoint-1"
+    assert partial == ["checkpoint-2"]
