@@ -225,7 +225,7 @@ def _record(strategy, opts: BenchOptions, result: dict, model, device: str, coun
     return {
         "strategy": strategy.name,
         "world_size": world,
-        "nnodes": world // int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+        "nnodes": world // _local_world(world),
         "precision": opts.precision,
         "device": device.split(":")[0],
         "model": {
@@ -251,6 +251,11 @@ def _record(strategy, opts: BenchOptions, result: dict, model, device: str, coun
         "options": dataclasses.asdict(opts),
         **_environment(device),
     }
+
+
+def _local_world(world: int) -> int:
+    """Ranks on this node: torchrun sets LOCAL_WORLD_SIZE, the deepspeed launcher LOCAL_SIZE."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or world)
 
 
 def torch_device_name(device: str) -> str:

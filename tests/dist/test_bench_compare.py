@@ -1,0 +1,94 @@
+"""Real launches (torchrun for ddp/fsdp, the deepspeed launcher for ZeRO) of a tiny LLaMA on 2 CPU ranks:
+fp32 loss parity over 20 steps, measured model-state bytes against the ZeRO accounting, and collective bytes
+against DDP. One benchmark run serves every test in this module (ports 29710-29719)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zero_kit.bench import BenchOptions, run_bench
+
+pytestmark = pytest.mark.dist
+# zero3_release is ZeRO-3 with parameters released after forward (the paper's schedule); the generator's default
+# zero3 runs in the multinode test and in the recorded benchmark. Kept to 5 launches for CI time.
+STRATEGIES = ["ddp", "fsdp", "zero1", "zero2", "zero3_release"]
+PSI_BYTES_FP32 = 4
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    opts = BenchOptions(strategies=",".join(STRATEGIES), nproc=2, hidden_size=96, layers=2, vocab_size=256,
+                        seq_len=32, micro_batch=2, grad_accum=2, steps=20, warmup=2, out=str(out),
+                        master_port=29710, timeout=240)  # fmt: skip
+    lines = []
+    run_bench(opts, progress=lines.append)
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert any("step 20/20" in line for line in lines)  # the progress display saw every run finish
+    assert (out / "table.md").read_text().count("\n| ") == len(STRATEGIES)
+    assert all((out / f"{name}.png").stat().st_size > 10_000 for name in ("throughput", "memory", "loss"))
+    return {r["strategy"]: r for r in results}
+
+
+def test_every_strategy_ran_and_recorded_the_required_fields(records):
+    assert sorted(records) == sorted(STRATEGIES)
+    for r in records.values():
+        assert not r.get("failed"), r.get("log_tail")
+        assert r["world_size"] == 2 and r["precision"] == "fp32" and len(r["losses"]) == 20
+        assert r["step_time_s"] > 0 and r["tokens_per_s"]["total"] == pytest.approx(2 * r["tokens_per_s"]["per_rank"])
+        assert set(r["model_state_bytes_per_rank"]) >= {"params", "grads", "optimizer", "total", "predicted"}
+        assert r["peak_mem_bytes"]["rss"] > 0 and r["versions"]["torch"]
+
+
+def test_fp32_losses_match_ddp_within_1e_5_over_20_steps(records):
+    ddp = records["ddp"]["losses"]
+    assert ddp[-1] < ddp[0] - 0.05  # the model really trains, so agreement is not trivial
+    for name in ("fsdp", "zero1", "zero2", "zero3_release"):
+        diff = max(abs(a - b) for a, b in zip(records[name]["losses"], ddp, strict=True))
+        assert diff <= 1e-5, f"{name} differs from ddp by {diff}"
+        assert records[name]["loss_parity"] is True
+
+
+def _state(records, name):
+    return records[name]["model_state_bytes_per_rank"], records[name]["model"]["n_params"]
+
+
+@pytest.mark.parametrize(
+    ("name", "replicated", "partitioned"),
+    [("ddp", 16, 0), ("fsdp", 0, 16), ("zero1", 4, 16), ("zero2", 4, 16), ("zero3_release", 0, 16)],
+)
+def test_measured_state_bytes_match_fp32_accounting_within_1_percent(records, name, replicated, partitioned):
+    # fp32 with AdamW: params 4 + grads 4 + moments 8 bytes/param. DeepSpeed ZeRO-1/2 keep full fp32 params
+    # plus a partitioned fp32 grad, fp32 master and moments (4+4+8 / N); ZeRO-3 in fp32 steps the fp32 param
+    # partition in place (no separate master, DeepSpeed 0.19.8 stage3.py), so 16/N.
+    state, n = _state(records, name)
+    expected = replicated * n + partitioned * n / 2
+    assert state["total"] == pytest.approx(expected, rel=0.01)
+
+
+def test_planner_prediction_agrees_where_its_formula_matches_deepspeed(records):
+    for name in ("ddp", "fsdp", "zero1", "zero2"):  # zero3 fp32: see the bench table (no separate fp32 master)
+        state = records[name]["model_state_bytes_per_rank"]
+        assert abs(state["error_vs_predicted"]) <= 0.01, (name, state["predicted"])
+
+
+def test_comm_bytes_ratios_against_ddp(records):
+    ring = {n: r["comm_bytes_per_step"]["ring_bytes_sent_per_rank"] for n, r in records.items()}
+    psi = records["ddp"]["model"]["n_params"] * PSI_BYTES_FP32
+    accum = records["ddp"]["batch"]["grad_accum"]
+    assert accum == 2
+    # DDP: no_sync defers the all-reduce to the last micro step, so one all-reduce of every gradient: 2(N-1)/N * 4Ψ.
+    assert ring["ddp"] == pytest.approx(psi, rel=0.01)
+    # DeepSpeed reduces whole buckets with all-reduce (use_multi_rank_bucket_allreduce: 1.0 x DDP per reduction),
+    # then all-gathers the updated partitions once (0.5). ZeRO-1 keeps full gradients and reduces once, at the
+    # boundary: 1.5. ZeRO-2 keeps only a gradient partition, so it must reduce in *every* micro step:
+    # accum * 1.0 + 0.5 (1.5 at accum 1).
+    assert ring["zero1"] / ring["ddp"] == pytest.approx(1.5, abs=0.05)
+    assert ring["zero2"] / ring["ddp"] == pytest.approx(accum * 1.0 + 0.5, abs=0.05)
+    assert records["zero2"]["comm_bytes_per_step"]["payload_bytes_by_op"]["all_reduce"] >= accum * psi
+    # ZeRO-3 with parameters released after forward: all-gather (fwd) + all-gather (bwd) + reduce-scatter per micro
+    # step, 1.5 x DDP per micro step as in the paper. (The generator's default zero3 keeps gathered parameters
+    # alive from forward to backward: 1.0 per micro step, see benchmarks/results.)
+    assert ring["zero3_release"] / ring["ddp"] / accum == pytest.approx(1.5, abs=0.05)
