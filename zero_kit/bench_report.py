@@ -123,6 +123,7 @@ def plot(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     ax.bar(names, [r["tokens_per_s"]["total"] for r in ok], color="tab:blue")
     ax.set_ylabel("tokens/s (all ranks, median step)")
     ax.set_title(f"Throughput, {ok[0]['world_size']} ranks, {ok[0]['precision']}, {ok[0]['device']}")
+    ax.tick_params(axis="x", rotation=30)
     paths.append(_save(fig, out_dir / "throughput.png"))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
     bottom = [0.0] * len(ok)
