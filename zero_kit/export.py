@@ -109,8 +109,13 @@ def _lazy_state_dict(checkpoint_dir: Path) -> dict:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     # zero_to_fp32 prints progress to stdout; keep the command's own output readable.
-    with contextlib.redirect_stdout(io.StringIO()):
-        return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), lazy_mode=True)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), lazy_mode=True)
+    except (ValueError, FileNotFoundError) as err:  # no `latest`, missing rank shards, not a ZeRO checkpoint
+        raise UserError(
+            f"{checkpoint_dir}: cannot read the ZeRO shards ({err})", "export a checkpoint-N of ZeRO stage 1-3"
+        ) from err
 
 
 def _materialize(lazy_tensor):
