@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from zero_kit import __version__
@@ -38,8 +39,24 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def strip_local_rank(argv: list[str]) -> list[str]:
+    """Drop the `--local_rank=N` (or `--local-rank N`) that launchers add anywhere in argv, even before the
+    subcommand (`deepspeed -m zero_kit.cli train`), and hand it on as LOCAL_RANK, where everything else reads it."""
+    out: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if name in ("--local_rank", "--local-rank"):
+            value = value if eq else next(args, "")
+            if value.isdigit():
+                os.environ.setdefault("LOCAL_RANK", value)
+            continue
+        out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = strip_local_rank(sys.argv[1:] if argv is None else argv)
     only = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser(only)
     args = parser.parse_args(argv)

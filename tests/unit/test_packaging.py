@@ -123,3 +123,14 @@ def test_console_script_runs():
         [sys.executable, "-m", "zero_kit.cli", "--version"], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0 and out.stdout.startswith("zero-kit ")
+
+
+def test_launcher_local_rank_is_accepted_anywhere(monkeypatch):
+    from zero_kit.cli import strip_local_rank
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert strip_local_rank(["--local_rank=1", "train", "--max-steps", "2"]) == ["train", "--max-steps", "2"]
+    import os
+
+    assert os.environ["LOCAL_RANK"] == "1"
+    assert strip_local_rank(["config", "--local-rank", "0", "--stage", "3"]) == ["config", "--stage", "3"]
