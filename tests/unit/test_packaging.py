@@ -128,7 +128,8 @@ def test_console_script_runs():
 def test_launcher_local_rank_is_accepted_anywhere(monkeypatch):
     from zero_kit.cli import strip_local_rank
 
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "")  # registers the undo, so the value set below never leaks to other tests
+    monkeypatch.delenv("LOCAL_RANK")
     assert strip_local_rank(["--local_rank=1", "train", "--max-steps", "2"]) == ["train", "--max-steps", "2"]
     import os
 
