@@ -134,5 +134,15 @@ def make_optimizer(params, options: StrategyOptions):
     )
 
 
+def clip_and_step(module, optimizer, grad_clip: float, *, set_to_none: bool) -> None:
+    """The native backends' optimizer step: clip the global grad norm (FSDP2's DTensor grads included), step, zero."""
+    import torch
+
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(module.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=set_to_none)
+
+
 def optimizer_state_tensors(optimizer) -> list:
     return [v for state in optimizer.state.values() for v in state.values() if hasattr(v, "untyped_storage")]

@@ -7,7 +7,7 @@ from typing import Any
 
 from zero_kit.metrics import storage_bytes
 from zero_kit.strategies import Strategy as _Base
-from zero_kit.strategies import StrategyOptions, make_optimizer, optimizer_state_tensors
+from zero_kit.strategies import StrategyOptions, clip_and_step, make_optimizer, optimizer_state_tensors
 
 
 def _local(tensor):
@@ -42,12 +42,7 @@ class FSDPStrategy(_Base):
         return loss.item()
 
     def step(self) -> None:
-        import torch
-
-        if self.options.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.options.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        clip_and_step(self.module, self.optimizer, self.options.grad_clip, set_to_none=True)
 
     def grad_bytes(self) -> int:
         return storage_bytes(_local(p.grad) for p in self.module.parameters() if p.grad is not None)
