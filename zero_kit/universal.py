@@ -24,6 +24,7 @@ from zero_kit import checkpoint
 from zero_kit.errors import UserError
 
 LATEST_UNIVERSAL = "latest_universal"
+FAILED_MARKER = ".universal_failed"
 TIMEOUT_S = 3600
 
 
@@ -120,14 +121,35 @@ def prepare_resume(resume_from: Path | None, args) -> bool:
             " converting it to a DeepSpeed universal checkpoint",
             flush=True,
         )
+        (resume_from / FAILED_MARKER).unlink(missing_ok=True)
         try:
             convert(resume_from)
         except (UserError, OSError, subprocess.TimeoutExpired) as err:
             failure = err
-    _agree_or_raise(failure, resume_from, dist)
+            (resume_from / FAILED_MARKER).write_text(str(err)[:2000])
+    else:
+        _wait_for_rank0(resume_from)
+    try:
+        _agree_or_raise(failure, resume_from, dist)
+    finally:
+        if args.process_index == 0:  # every rank is past its wait once the agreement returned
+            (resume_from / FAILED_MARKER).unlink(missing_ok=True)
     config = args.hf_deepspeed_config.config
     config.setdefault("checkpoint", {})["load_universal"] = True
     return True
+
+
+def _wait_for_rank0(ckpt: Path) -> None:
+    """Other ranks wait on the shared filesystem, not in a collective: a long conversion of a big model must
+    not trip --collective-timeout. A marker left by an earlier failed attempt is stale until rank 0 removes it,
+    so the wait starts only once the conversion is visibly under way or done."""
+    import time
+
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        if universal_ready(ckpt) or (ckpt / FAILED_MARKER).is_file():
+            return
+        time.sleep(1.0)
 
 
 def _agree_or_raise(failure: Exception | None, ckpt: Path, dist) -> None:
