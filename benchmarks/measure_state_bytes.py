@@ -8,6 +8,11 @@ partitions and buckets alike) and counts each storage once. CPU, gloo, the embed
 One strategy by hand (what the driver runs):
     deepspeed --num_gpus 2 --master_port 29910 benchmarks/measure_state_bytes.py --rank-run zero3
     torchrun --nproc_per_node 2 --master_port 29911 benchmarks/measure_state_bytes.py --rank-run fsdp
+
+Every storage by owner (DeepSpeed attribute, optimizer state, module parameter), rank 0, with the benchmark's client
+torch AdamW instead of the config's AdamW (`--optimizer client`; both give the same storages):
+    deepspeed --num_gpus 2 --master_port 29950 benchmarks/measure_state_bytes.py --rank-run zero3 --list-storages \
+        --optimizer client
 """
 
 from __future__ import annotations
@@ -23,22 +28,89 @@ RUNS = ("ddp", "fsdp", "zero0", "zero1", "zero2", "zero3", "zero2+offload", "zer
 MIN_BYTES = 64  # ignore scalars (step counters, loss scale)
 
 
-def live_storage_bytes() -> int:
+def live_storages() -> dict[int, tuple[int, str]]:
+    """data_ptr -> (bytes, "dtype shape") of every storage the garbage collector can reach."""
     import torch
 
-    storages: dict[int, int] = {}
+    storages: dict[int, tuple[int, str]] = {}
     for obj in gc.get_objects():
         try:
             if isinstance(obj, torch.Tensor) and obj.device.type != "meta":
                 storage = obj.untyped_storage()
-                storages[storage.data_ptr()] = storage.nbytes()
+                storages[storage.data_ptr()] = (storage.nbytes(), f"{obj.dtype} {tuple(obj.shape)}")
         except Exception:  # freed FSDP unsharded storages raise on access; they hold no bytes
             continue
-    return sum(size for size in storages.values() if size > MIN_BYTES)
+    return storages
 
 
-def wrap(run: str, model, precision: str, world_size: int):
-    """(forward-loss, backward, step) for one strategy, configured like the benchmark."""
+def live_storage_bytes() -> int:
+    return sum(size for size, _ in live_storages().values() if size > MIN_BYTES)
+
+
+def _tensors_in(value, depth: int = 0):
+    """Tensors directly in an attribute value, or one container level (list, tuple, dict) deep."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < 2 and isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors_in(item, depth + 1)
+    elif depth < 2 and isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors_in(item, depth + 1)
+    elif depth < 2 and hasattr(value, "buffer"):  # ZeRO-3's ipg bucket objects
+        yield from _tensors_in(value.buffer, depth + 1)
+
+
+def storage_owners(engine) -> dict[int, str]:
+    """data_ptr -> who holds it: the first of param partition, optimizer state, DeepSpeed optimizer attribute
+    (ZeRO-3 parameter coordinator included), module parameter or gradient."""
+    owners: dict[int, str] = {}
+
+    def claim(tensors, label: str) -> None:
+        for tensor in tensors:
+            if tensor.device.type != "meta":
+                owners.setdefault(tensor.untyped_storage().data_ptr(), label)
+
+    zero = engine.optimizer
+    inner = getattr(zero, "optimizer", zero)
+    params = list(engine.module.parameters())
+    claim([p.ds_tensor for p in params if hasattr(p, "ds_tensor")], "param partition (ds_tensor)")
+    for state in getattr(inner, "state", {}).values():
+        for key, value in state.items():
+            claim(_tensors_in(value), f"optimizer.state[{key}]")
+    for holder, prefix in ((zero, "zero"), (getattr(zero, "parameter_offload", None), "zero.parameter_offload")):
+        for name, value in vars(holder or object()).items():
+            claim(_tensors_in(value), f"{prefix}.{name}")
+    claim(params, "module parameter (full or gathered)")
+    claim([p.grad for p in params if p.grad is not None], "module parameter .grad")
+    return owners
+
+
+def print_storage_owners(engine, n_params: int, world_size: int) -> None:
+    """Rank 0's storages above MIN_BYTES grouped by owner, largest first, in bytes and in Ψ/N."""
+    owners = storage_owners(engine)
+    rows: dict[str, list[int]] = {}
+    for ptr, (size, what) in live_storages().items():
+        if size > MIN_BYTES:
+            row = rows.setdefault(owners.get(ptr, f"unowned {what}"), [0, 0])
+            row[0], row[1] = row[0] + 1, row[1] + size
+    print(f"| owner | storages | bytes | Ψ/N (N = {world_size}) |\n|---|---|---|---|")
+    for label, (count, size) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+        print(f"| {label} | {count} | {size:,} | {size * world_size / n_params:.3f} |")
+    total = sum(size for _, size in rows.values())
+    print(f"| total | | {total:,} | {total * world_size / n_params:.3f} |", flush=True)
+    zero = engine.optimizer
+    low_parts, masters = (getattr(zero, f"fp{b}_partitioned_groups_flat", []) for b in (16, 32))
+    pairs = zip(low_parts, masters, strict=False)
+    for i, (low, master) in enumerate(pairs):  # ZeRO-3: does the fp32 master reuse the parameter partition?
+        shared = low.untyped_storage().data_ptr() == master.untyped_storage().data_ptr()
+        print(f"sub-group {i}: fp32 master shares the parameter partition's storage: {shared}", flush=True)
+
+
+def wrap(run: str, model, precision: str, world_size: int, client_optimizer: bool = False):
+    """(forward-loss, backward, step, engine or None) for one strategy, configured like the benchmark."""
     import torch
 
     if run in ("ddp", "fsdp"):
@@ -52,7 +124,8 @@ def wrap(run: str, model, precision: str, world_size: int):
                 fully_shard(block)
             module = fully_shard(model)
         optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
-        return (lambda ids: module(input_ids=ids, labels=ids).loss), (lambda loss: loss.backward()), optimizer.step
+        forward = lambda ids: module(input_ids=ids, labels=ids).loss  # noqa: E731
+        return forward, (lambda loss: loss.backward()), optimizer.step, None
     import deepspeed
 
     from zero_kit.ds_config import build_ds_config
@@ -71,11 +144,17 @@ def wrap(run: str, model, precision: str, world_size: int):
     )
     config = build_ds_config(spec)
     config["optimizer"]["params"]["torch_adam"] = True  # no compiled Adam kernels needed on CPU
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    return (lambda ids: engine(input_ids=ids, labels=ids).loss), engine.backward, engine.step
+    client = None
+    if client_optimizer and offload == "none":  # what zero_kit.strategies.deepspeed hands DeepSpeed
+        config.pop("optimizer")
+        client = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), optimizer=client, config=config
+    )
+    return (lambda ids: engine(input_ids=ids, labels=ids).loss), engine.backward, engine.step, engine
 
 
-def rank_run(run: str, precision: str) -> None:
+def rank_run(run: str, precision: str, client_optimizer: bool = False, list_storages: bool = False) -> None:
     import torch
     import torch.distributed as dist
 
@@ -87,7 +166,7 @@ def rank_run(run: str, precision: str) -> None:
 
     model = LlamaForCausalLM(tiny_llama_config())
     n_params = sum(p.numel() for p in model.parameters())
-    forward, backward, step = wrap(run, model, precision, world_size)
+    forward, backward, step, engine = wrap(run, model, precision, world_size, client_optimizer)
     measured = 0
     for index in range(3):
         ids = torch.randint(0, model.config.vocab_size, (2, 32))
@@ -97,6 +176,8 @@ def rank_run(run: str, precision: str) -> None:
             del loss
             gc.collect()
             measured = live_storage_bytes()
+            if list_storages and engine is not None and dist.get_rank() == 0:
+                print_storage_owners(engine, n_params, world_size)
         step()
     if dist.get_rank() == 0:
         record = {"run": run, "precision": precision, "world_size": world_size, "n_params": n_params, "bytes": measured}
@@ -123,7 +204,7 @@ def predicted(run: str, n_params: int, world_size: int, precision: str) -> tuple
     return total, formula
 
 
-def drive(precision: str, port: int, runs: list[str]) -> int:
+def drive(precision: str, port: int, runs: list[str], optimizer: str = "config") -> int:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.getcwd()}
     print(f"| run | measured bytes/rank | formula | predicted | diff | ({precision}, 2 CPU ranks, gloo)")
     print("|---|---|---|---|---|")
@@ -133,7 +214,7 @@ def drive(precision: str, port: int, runs: list[str]) -> int:
             if run in ("ddp", "fsdp")
             else ["deepspeed", "--num_gpus", "2", "--master_port", str(port + index)]
         )
-        argv = [*launcher, __file__, "--rank-run", run, "--precision", precision]
+        argv = [*launcher, __file__, "--rank-run", run, "--precision", precision, "--optimizer", optimizer]
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode or not lines:
@@ -152,16 +233,25 @@ def main() -> int:
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated subset of " + ",".join(RUNS))
     parser.add_argument("--port", type=int, default=29910, help="first master port; one per run")
+    parser.add_argument(
+        "--optimizer",
+        choices=("config", "client"),
+        default="config",
+        help="DeepSpeed's config AdamW (torch_adam) or a client torch AdamW, as the benchmark passes",
+    )
+    parser.add_argument(
+        "--list-storages", action="store_true", help="with --rank-run zeroN: print rank 0's storages grouped by owner"
+    )
     parser.add_argument("--local_rank", type=int, default=0, help=argparse.SUPPRESS)  # added by `deepspeed`
     args = parser.parse_args()
     if args.rank_run:
-        rank_run(args.rank_run, args.precision)
+        rank_run(args.rank_run, args.precision, args.optimizer == "client", args.list_storages)
         return 0
     runs = args.runs.split(",")
     unknown = sorted(set(runs) - set(RUNS))
     if unknown:
         parser.error(f"unknown runs {unknown}; choose from {list(RUNS)}")
-    return drive(args.precision, args.port, runs)
+    return drive(args.precision, args.port, runs, args.optimizer)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,11 @@ paper's Adam accounting as DeepSpeed 0.19.8 really allocates it; its own estimat
             exists for one optimizer sub-group at a time: DeepSpeed's estimator charges it 2Ψ/N)
 
 fp32 is what the backends keep when nothing is 16-bit, measured on 2 CPU ranks (gloo) with the tiny LLaMA:
-DeepSpeed still keeps a separate fp32 master partition (so ZeRO-3 fp32 is 20Ψ/N, not 16Ψ/N), and ZeRO-1 in
-0.19.8 accumulates gradients straight into an fp32 partition, exactly like ZeRO-2. DDP and FSDP2 train in
+DeepSpeed still keeps a separate fp32 master partition, so ZeRO-3 fp32 is 20Ψ/N, not 16Ψ/N (storages by owner:
+`benchmarks/measure_state_bytes.py --list-storages`; stage3.py `_create_fp32_partitions` would reuse the parameter
+partition only when `tensor.device == self.device`, but self.device is the string "cpu" / "cuda:0", never equal to
+a torch.device, so it always clones), and ZeRO-1 in 0.19.8 accumulates gradients straight into an fp32 partition,
+exactly like ZeRO-2. DDP and FSDP2 train in
 fp32 parameters (autocast for bf16/fp16), so their states are 4 + 4 + 8 bytes per parameter, replicated
 (DDP) or sharded (FSDP2). Bucket and gathered-layer buffers are not model states: see `zero_kit.plan`.
 """
@@ -71,7 +74,7 @@ def coefficients(strategy: str, precision: str) -> Coefficients:
     """The byte table: one row per strategy, for 16-bit mixed precision or fp32."""
     check_strategy(strategy, precision)
     low = DTYPE_BYTES[precision]
-    master_and_moments = FP32 + ADAM_MOMENTS  # DeepSpeed keeps an fp32 master even when params are fp32
+    master_and_moments = FP32 + ADAM_MOMENTS  # DeepSpeed keeps an fp32 master even when params are fp32 (ZeRO-3 too)
     # fp32: gradients accumulate in one fp32 partition. 16-bit: the reduced 16-bit partition, plus the fp32 copy
     # the optimizer steps on (DeepSpeed's estimator charges 4Ψ/N for it at ZeRO-1/2 and 2Ψ/N at ZeRO-3, where it
     # exists for one optimizer sub-group at a time).

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from zero_kit.accounting import model_state_bytes
 from zero_kit.bench import BenchOptions, run_bench
 
 pytestmark = pytest.mark.dist
@@ -55,23 +56,39 @@ def _state(records, name):
     return records[name]["model_state_bytes_per_rank"], records[name]["model"]["n_params"]
 
 
-@pytest.mark.parametrize(
-    ("name", "replicated", "partitioned"),
-    [("ddp", 16, 0), ("fsdp", 0, 16), ("zero1", 4, 16), ("zero2", 4, 16), ("zero3_release", 0, 16)],
-)
-def test_measured_state_bytes_match_fp32_accounting_within_1_percent(records, name, replicated, partitioned):
-    # fp32 with AdamW: params 4 + grads 4 + moments 8 bytes/param. DeepSpeed ZeRO-1/2 keep full fp32 params
-    # plus a partitioned fp32 grad, fp32 master and moments (4+4+8 / N); ZeRO-3 in fp32 steps the fp32 param
-    # partition in place (no separate master, DeepSpeed 0.19.8 stage3.py), so 16/N.
+# fp32 AdamW, bytes per parameter, as (replicated, partitioned over N). ZeRO-3 (2 ranks, DeepSpeed 0.19.8, client
+# torch AdamW like the benchmark or the config AdamW: the same storages), every live storage >= 64 B after a step,
+# listed by owner with `benchmarks/measure_state_bytes.py --list-storages`:
+#   model states: param partition (ds_tensor views of fp16_partitioned_groups_flat) 4/N, grad_partitions_flat_buffer
+#   4/N, fp32_partitioned_groups_flat 4/N (a separate copy: `_create_fp32_partitions` reuses the param partition
+#   only when `tensor.device == self.device`, and self.device is the string "cpu"/"cuda:0", never equal to a
+#   torch.device), exp_avg 4/N, exp_avg_sq 4/N = 20/N;
+#   working buffers (the planner's buffers, not counted here): ipg bucket reduce_bucket_size x 4 B, persistent
+#   (gathered) small params.
+FP32_COEFFICIENTS = {"ddp": (16, 0), "fsdp": (0, 16), "zero1": (4, 16), "zero2": (4, 16), "zero3_release": (0, 20)}
+PLANNER_NAME = {"zero3_release": "zero3"}  # the same ZeRO-3 states; only its communication schedule differs
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_measured_state_bytes_match_fp32_accounting_within_1_percent(records, name):
     state, n = _state(records, name)
-    expected = replicated * n + partitioned * n / 2
-    assert state["total"] == pytest.approx(expected, rel=0.01)
+    replicated, partitioned = FP32_COEFFICIENTS[name]
+    for rank_state in state["all_ranks"]:
+        assert rank_state["total"] == pytest.approx(replicated * n + partitioned * n / 2, rel=0.01)
 
 
-def test_planner_prediction_agrees_where_its_formula_matches_deepspeed(records):
-    for name in ("ddp", "fsdp", "zero1", "zero2"):  # zero3 fp32: see the bench table (no separate fp32 master)
-        state = records[name]["model_state_bytes_per_rank"]
-        assert abs(state["error_vs_predicted"]) <= 0.01, (name, state["predicted"])
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_planner_model_state_bytes_match_the_measured_run(records, name):
+    # Issue 5: `zero-kit plan`'s table (accounting.model_state_bytes) against this run's bytes on every rank: totals
+    # within 1% (the issue-4 target; issue 5 asks 5%), each part within 5%. Rank 0 of ZeRO-1/2 holds the whole
+    # gradient of the parameter straddling the partition boundary (+4.7% grads here, one hidden x hidden matrix).
+    state, n = _state(records, name)
+    planned = model_state_bytes(PLANNER_NAME.get(name, name), n, records[name]["world_size"], "fp32")
+    assert state["predicted"]["total"] == planned.total  # the table in results.jsonl uses the same formula
+    for rank_state in state["all_ranks"]:
+        assert rank_state["total"] == pytest.approx(planned.total, rel=0.01), (name, planned.formula, rank_state)
+        for part in ("params", "grads", "optimizer"):
+            assert rank_state[part] == pytest.approx(getattr(planned, part), rel=0.05), (name, part, rank_state)
 
 
 def test_comm_bytes_ratios_against_ddp(records):

@@ -1,10 +1,12 @@
 """DeepSpeed ZeRO stages 0-3 (and optimizer offload) through `deepspeed.initialize`, with the config from
 `zero_kit.ds_config.build_ds_config` (the same generator users get from `zero-kit config`).
 
-Bytes are read from DeepSpeed's real buffers: module parameters still materialised plus ZeRO-3's `ds_tensor`
-partitions (params); module `.grad`, `averaged_gradients` partitions and ZeRO-3's flat gradient-partition
-buffer (grads); the inner optimizer's fp32 master partitions and its Adam state (optimizer). Views into one
-flat buffer count that buffer once, so what is reported is what the rank holds.
+Bytes are read from DeepSpeed's real buffers: module parameters (ZeRO-0/1/2) or ZeRO-3's `ds_tensor` partitions
+(params); module `.grad`, `averaged_gradients` partitions and ZeRO-3's flat gradient-partition buffer (grads); the
+fp32 master partitions (`single_partition_of_fp32_groups` at ZeRO-1/2, `fp32_partitioned_groups_flat` at ZeRO-3)
+and the Adam state (optimizer). Views into one flat buffer count that buffer once, so what is reported is what
+the rank holds. Working buffers are not model states and are left out, as `zero-kit plan` counts them apart:
+reduce (ipg) buckets and ZeRO-3's persistent parameters (small ones kept gathered on every rank).
 """
 
 from __future__ import annotations
@@ -79,7 +81,19 @@ class DeepSpeedStrategy(_Base):
 
     def _param_tensors(self) -> list:
         params = list(self.engine.module.parameters())
-        return params + [p.ds_tensor for p in params if hasattr(p, "ds_tensor")]
+        if self.stage == 3:  # the partition; a gathered (persistent or live) full copy is a working buffer
+            return [p.ds_tensor for p in params]
+        return params
+
+    def _master_tensors(self) -> list:
+        # ZeRO-3 empties the inner optimizer's param_groups outside step() (stage3.py `_optimizer_step` puts one
+        # sub-group's fp32 partition in, steps, and sets it back to []), so the masters are read from DeepSpeed's
+        # own lists; the param_groups still cover ZeRO-0 and the plain client optimizer.
+        zero = self.engine.optimizer
+        masters = [p for group in self._inner().param_groups for p in group["params"]]
+        for name in ("fp32_partitioned_groups_flat", "single_partition_of_fp32_groups"):
+            masters += [t for t in getattr(zero, name, None) or [] if t is not None]
+        return masters
 
     def grad_bytes(self) -> int:
         zero = self.engine.optimizer
@@ -93,11 +107,15 @@ class DeepSpeedStrategy(_Base):
     def param_and_optimizer_bytes(self) -> tuple[int, int]:
         param_tensors = self._param_tensors()
         owned = storage_ptrs(param_tensors)
-        masters = [p for group in self._inner().param_groups for p in group["params"]]
+        masters = self._master_tensors()
         state = optimizer_state_tensors(self._inner())
-        # fp32 masters that *are* the module params (ZeRO-0 in fp32) are counted once, as params.
+        # fp32 masters that *are* the module params (ZeRO-0 in fp32, or a ZeRO-3 partition DeepSpeed would step in
+        # place) are counted once, as params.
         extra = [t for t in masters + state if t.numel() and t.untyped_storage().data_ptr() not in owned]
         return storage_bytes(param_tensors), storage_bytes(extra)
 
     def notes(self) -> str:
-        return "DeepSpeed buffers: module params + ds_tensor partitions; grad partitions; fp32 master partitions + Adam"
+        return (
+            "DeepSpeed buffers: module params (ZeRO-3: ds_tensor partitions); grad partitions; fp32 master partitions "
+            "+ Adam; buckets and ZeRO-3 persistent params left out (buffers)"
+        )
