@@ -7,6 +7,7 @@ the world size in `resolve_world_size`. The CLI edge reads files and the environ
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,8 +111,37 @@ def bucket_sizes(hidden_size: int) -> dict[str, int]:
     }
 
 
+def _check_numbers(spec: ZeroSpec) -> None:
+    """Counts must be positive integers and rates finite, before any arithmetic uses them."""
+    counts = {
+        "--micro-batch": spec.micro_batch,
+        "--grad-accum": spec.grad_accum,
+        "--global-batch": spec.global_batch,
+        "--world-size": spec.world_size,
+        "--nodes": spec.nodes,
+        "--gpus-per-node": spec.gpus_per_node,
+        "--hidden-size": spec.hidden_size,
+    }
+    for flag, value in counts.items():
+        if value is not None and value < 1:
+            raise UserError(
+                f"{flag} must be a positive integer, got {value}", f"pass {flag} 1 or more, or leave it out"
+            )
+    for flag, value, low in (("--lr", spec.lr, 0.0), ("--weight-decay", spec.weight_decay, 0.0)):
+        if not math.isfinite(value) or value < low:
+            raise UserError(
+                f"{flag} must be a finite number >= {low:g}, got {value}", f"pass a value such as {flag} 0.01"
+            )
+    if not math.isfinite(spec.gradient_clipping) or spec.gradient_clipping < 0:
+        raise UserError(
+            f"--gradient-clipping must be a finite number >= 0, got {spec.gradient_clipping}",
+            "pass --gradient-clipping 1.0, or 0 to disable clipping",
+        )
+
+
 def check_spec(spec: ZeroSpec) -> None:
     """Refuse option combinations DeepSpeed would reject or silently ignore, naming the flags."""
+    _check_numbers(spec)
     if spec.stage not in (0, 1, 2, 3):
         raise UserError(f"--stage must be 0, 1, 2 or 3, got {spec.stage}", "pick a ZeRO stage from 0 to 3")
     if spec.offload_param != "none" and spec.stage != 3:

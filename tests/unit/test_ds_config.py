@@ -159,7 +159,7 @@ def test_cli_reads_hidden_size_from_model_dir(tmp_path, capsys):
         (["--stage", "1", "--offload-param", "cpu"], "--offload-param cpu needs --stage 3"),
         (["--stage", "1", "--micro-batch", "2", "--world-size", "4", "--global-batch", "30"], "not divisible"),
         (["--accelerate-yaml", "x.yaml"], "needs -o FILE"),
-        (["--stage", "2", "--hidden-size", "0"], "hidden size must be positive"),
+        (["--stage", "2", "--hidden-size", "0"], "--hidden-size must be a positive integer"),
     ],
 )
 def test_cli_errors_are_messages_not_tracebacks(argv, message, capsys):
@@ -184,3 +184,20 @@ def test_config_command_imports_neither_torch_nor_deepspeed():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("spec", "flag"),
+    [
+        (ZeroSpec(grad_accum=-1), "--grad-accum"),
+        (ZeroSpec(micro_batch=0), "--micro-batch"),
+        (ZeroSpec(nodes=0, gpus_per_node=2), "--nodes"),
+        (ZeroSpec(gradient_clipping=float("nan")), "--gradient-clipping"),
+        (ZeroSpec(gradient_clipping=-1.0), "--gradient-clipping"),
+        (ZeroSpec(lr=float("inf")), "--lr"),
+        (ZeroSpec(hidden_size=-4), "--hidden-size"),
+    ],
+)
+def test_bad_numbers_are_refused_even_without_a_world_size(spec, flag):
+    with pytest.raises(UserError, match=flag):
+        build_ds_config(spec)

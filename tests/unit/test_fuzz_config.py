@@ -118,6 +118,7 @@ def _deepspeed_accepts_or_validate_refuses(argv: list[str], config: dict) -> Non
     assert errors, f"the generator wrote a config DeepSpeed rejects and validate passes: {argv} -> {rejected}"
     STATS["generator_gaps"] += 1
     GAPS.setdefault(errors[0].path, argv)
+    raise AssertionError(f"the generator should have refused {argv}: DeepSpeed rejects its config ({rejected})")
 
 
 def test_random_config_flags_never_raise(tmp, capsys):
