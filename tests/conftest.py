@@ -4,6 +4,7 @@ tests must RUN there; only GPU tests may skip, and only when CUDA is absent."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +26,11 @@ def pytest_collection_modifyitems(session, config, items):
     DeepSpeed compiles them on first use (shm all-reduce, fused Adam, CPU Adam for offload; ~2 min each on
     2 cores) into ~/.cache/torch_extensions; two ranks racing for the same build just wait on its lock.
     """
-    if not any(item.get_closest_marker("dist") or item.get_closest_marker("multinode") for item in items):
+    tiers = {m for item in items for m in ("dist", "multinode") if item.get_closest_marker(m)}
+    whole_suite = not config.args or [Path(a).resolve() for a in config.args] == [Path(config.rootpath, "tests")]
+    if IN_CI and whole_suite and tiers != {"dist", "multinode"}:
+        raise pytest.UsageError(f"CI collected no {sorted({'dist', 'multinode'} - tiers)} tests: check norecursedirs")
+    if not tiers:
         return
     import subprocess
     import sys
