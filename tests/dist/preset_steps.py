@@ -56,6 +56,10 @@ def main() -> None:
     }
     with open(f"{args.out}.rank{rank}", "w", encoding="utf-8") as f:
         json.dump(result, f)
+    # Tear the process group down before exit: left to interpreter shutdown, ZeRO-3's gloo/shm threads can
+    # abort ("terminate called without an active exception", exit -6) after the work is done.
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
