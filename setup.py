@@ -36,5 +36,5 @@ setup(
         "ninja>=1.11",
     ],
     extras_require={"dev": ["pytest>=8", "ruff>=0.6", "hypothesis>=6.100"]},
-    entry_points={"console_scripts": ["zero-kit=zero_kit.cli:main"]},
+    entry_points={"console_scripts": ["zero-kit=zero_kit.cli:console"]},
 )

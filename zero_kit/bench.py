@@ -277,6 +277,7 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 on GPU means TF32 matmuls (metrics.PEAK_FLOPS)
     backend_kind = STRATEGIES[strategy_name][0]
     _init_distributed("deepspeed" if LAUNCHER[backend_kind] == "deepspeed" else "torch", pg_backend)
+    finished = False
     try:
         model = build_model(opts)
         n_params = sum(p.numel() for p in model.parameters())
@@ -297,8 +298,11 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
         if dist.get_rank() == 0 and record_path:
             with open(record_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
+        finished = True
         return record
     finally:
+        if finished:
+            dist.barrier()  # no rank tears down while another still talks to it
         dist.destroy_process_group()
 
 
@@ -408,4 +412,6 @@ def worker_main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(worker_main())
+    from zero_kit.cli import _leave_without_teardown
+
+    _leave_without_teardown(worker_main())  # see there: interpreter teardown of a rank can abort

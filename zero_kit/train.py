@@ -35,16 +35,23 @@ def run_train(opts: TrainOptions) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    finished = False
     try:
-        return _run_rank(opts)
+        code = _run_rank(opts)
+        finished = True
+        return code
     finally:
-        _destroy_process_group()
+        _destroy_process_group(meet_first=finished)
 
 
-def _destroy_process_group() -> None:
+def _destroy_process_group(meet_first: bool) -> None:
+    """After a finished run the ranks meet once more, so none tears down (or exits, which makes the launcher
+    kill the rest) while another still talks to it; after a failure they do not wait for each other."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        if meet_first:
+            dist.barrier()
         dist.destroy_process_group()
 
 

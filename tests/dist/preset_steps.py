@@ -63,4 +63,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from zero_kit.cli import _leave_without_teardown
+
     main()
+    _leave_without_teardown(0)
