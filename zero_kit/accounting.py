@@ -18,10 +18,17 @@ a torch.device, so it always clones), and ZeRO-1 in 0.19.8 accumulates gradients
 exactly like ZeRO-2. DDP and FSDP2 train in
 fp32 parameters (autocast for bf16/fp16), so their states are 4 + 4 + 8 bytes per parameter, replicated
 (DDP) or sharded (FSDP2). Bucket and gathered-layer buffers are not model states: see `zero_kit.plan`.
+
+One more thing DeepSpeed really keeps: ZeRO-1/2 hold the gradients of the parameters at the edges of their
+partition whole (`zero12_grad_partition_elements`), so rank r's gradient partition is G_r >= Ψ/N elements. The
+benchmark predicts each rank exactly with it; the planner counts the largest excess as a buffer, which keeps
+`model_state_bytes` equal to DeepSpeed's estimators (which ignore it). For Llama-3-8B at N = 8 the excess is at
+most 8.6% of the gradient partition (two whole MLP matrices); for a tiny model on 4 ranks it is up to 50%.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 STRATEGIES = ("ddp", "fsdp", "zero0", "zero1", "zero2", "zero3")
@@ -175,6 +182,39 @@ def model_state_bytes(
     )
 
 
+ZERO12_ALIGNMENT = 2  # stage_1_and_2.py nccl_start_alignment_factor: the flat group is padded to a multiple of 2N
+
+
+def zero12_grad_partition_elements(numels: Sequence[int], world_size: int) -> list[int]:
+    """Per rank, the elements of DeepSpeed ZeRO-1/2's gradient partition (`grads_in_partition`, 0.19.8).
+
+    The group's parameters are flattened in order and cut into N equal partitions, but a rank keeps the
+    gradient of every parameter that starts in its partition or straddles into it WHOLE (`get_partition_info`
+    + `copy_grads_in_partition` sum `param.numel()`). So rank r holds G_r >= Ψ/N elements; the excess is less
+    than two parameters, which matters when single parameters are large next to Ψ/N (embeddings, small N·Ψ).
+    The paper's 4Ψ/N (fp32) is the limit of 4·G_r when every parameter is small next to a partition."""
+    if world_size < 1:
+        raise ValueError(f"need world_size >= 1, got {world_size}")
+    unit = ZERO12_ALIGNMENT * world_size
+    partition = -(-sum(numels) // unit) * unit // world_size
+    held = []
+    for rank in range(world_size):
+        start, end, index, total = rank * partition, (rank + 1) * partition, 0, 0
+        for numel in numels:
+            if start <= index < end or index < start < index + numel:
+                total += numel
+            index += numel
+        held.append(total)
+    return held
+
+
+def zero12_edge_grad_bytes(numels: Sequence[int], world_size: int, precision: str) -> list[int]:
+    """Per rank, the gradient bytes ZeRO-1/2 holds beyond `model_state_bytes`' share (whole edge parameters):
+    (G_r - ceil(Ψ/N)) x the gradient dtype (the model's dtype: fp32, or 16-bit under mixed precision)."""
+    share = -(-sum(numels) // world_size)
+    return [(g - share) * DTYPE_BYTES[precision] for g in zero12_grad_partition_elements(numels, world_size)]
+
+
 def _frozen_pair(strategy: str, precision: str) -> tuple[int, int]:
     """Bytes per frozen (LoRA base) parameter: the weight only, in the compute dtype, sharded where params are."""
     weight = DTYPE_BYTES[precision]
@@ -245,6 +285,13 @@ class LlamaShape:
     def n_params(self) -> int:
         embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
         return embeddings + self.layers * self.block_params + self.hidden_size
+
+    def param_numels(self) -> list[int]:
+        """Every parameter's element count in `model.parameters()` order (what DeepSpeed flattens)."""
+        h, q, kv, inter = self.hidden_size, self.heads * self.head_dim, self.kv_size, self.intermediate_size
+        block = [h * q, h * kv, h * kv, q * h, h * inter, h * inter, inter * h, h, h]
+        head = [] if self.tie_word_embeddings else [self.vocab_size * h]
+        return [self.vocab_size * h, *block * self.layers, h, *head]
 
     @property
     def largest_layer_params(self) -> int:

@@ -235,6 +235,7 @@ def _record(strategy, opts: BenchOptions, result: dict, model, device: str, coun
             "heads": cfg.num_attention_heads,
             "vocab": cfg.vocab_size,
             "seq_len": opts.seq_len,
+            "param_numels": strategy.param_numels,  # the exact ZeRO-1/2 gradient partitions depend on them
         },
         "batch": {"micro": opts.micro_batch, "grad_accum": opts.grad_accum, "global": tokens // opts.seq_len * world},
         "steps": opts.steps,
@@ -280,6 +281,7 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
     finished = False
     try:
         model = build_model(opts)
+        numels = [p.numel() for p in model.parameters() if p.requires_grad]  # the order DeepSpeed flattens
         n_params = sum(p.numel() for p in model.parameters())
         options = StrategyOptions(
             precision=opts.precision,
@@ -292,7 +294,7 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
             compile=opts.compile,
         )
         strategy = build_strategy(strategy_name, model, options)
-        strategy.n_params = n_params
+        strategy.n_params, strategy.param_numels = n_params, numels
         result = _train(strategy, opts, counter, model.config.vocab_size, device)
         record = _record(strategy, opts, result, model, device, counter)
         if dist.get_rank() == 0 and record_path:

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from zero_kit.accounting import DTYPE_BYTES, LlamaShape, lora_trainable_params, model_state_bytes
+from zero_kit.accounting import (
+    DTYPE_BYTES,
+    LlamaShape,
+    lora_trainable_params,
+    model_state_bytes,
+    zero12_edge_grad_bytes,
+)
 from zero_kit.ds_config import bucket_sizes
 
 GIB = 2**30
@@ -188,6 +194,10 @@ def buffer_terms(strategy: str, offload: str, work: Workload, world_size: int) -
     elif strategy in ("zero0", "zero1", "zero2"):
         grad_bytes = 4 if strategy == "zero1" else a  # ZeRO-1 stages its bucket in fp32
         terms["reduce buckets (x2, overlap_comm)"] = (2 * reduce_bucket * grad_bytes, f"2 x h² x {grad_bytes}")
+        if strategy != "zero0" and offload == "none" and not work.lora_r:
+            # DeepSpeed keeps whole the gradients of parameters at its partition's edges (accounting.py)
+            edge = max(zero12_edge_grad_bytes(s.param_numels(), world_size, work.precision))
+            terms["edge params' whole grads"] = (edge, f"(max G_r - Ψ/N) x {a}")
         if offload != "none":
             # Gradients leave through two largest-parameter buffers; updated weights come back into a 16-bit
             # partition buffer (param_buffer_of_bit16_for_cpu_offload_groups in DeepSpeed 0.19.8).

@@ -12,6 +12,8 @@ from zero_kit.accounting import (
     coefficients,
     model_state_bytes,
     shape_from_hf_config,
+    zero12_edge_grad_bytes,
+    zero12_grad_partition_elements,
 )
 from zero_kit.plan import Workload, buffer_terms
 
@@ -56,6 +58,27 @@ def test_known_shapes_match_the_real_architecture(name):
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     assert shape.largest_layer_params == largest
     assert shape_from_hf_config(config.to_dict()) == shape
+    # the order DeepSpeed flattens in decides which parameters straddle ZeRO-1/2 partition edges
+    assert shape.param_numels() == [p.numel() for p in model.parameters()]
+
+
+def test_zero12_grad_partitions_hold_edge_parameters_whole():
+    # 4 params of 10 elements, 2 ranks: partitions [0, 20) and [20, 40) cut between params: exactly Ψ/N each.
+    assert zero12_grad_partition_elements([10, 10, 10, 10], 2) == [20, 20]
+    # [30, 10]: partition 20; the 30-element param starts in rank 0's and straddles into rank 1's, so both keep
+    # all of it; rank 1 also starts the 10-element one.
+    assert zero12_grad_partition_elements([30, 10], 2) == [30, 40]
+    # padding to a multiple of 2N: 7 elements at N=2 -> 8, partitions of 4
+    assert zero12_grad_partition_elements([3, 4], 2) == [7, 4]
+    assert zero12_grad_partition_elements([5], 1) == [5]
+    assert zero12_edge_grad_bytes([30, 10], 2, "fp32") == [40, 80]
+    assert zero12_edge_grad_bytes([30, 10], 2, "bf16") == [20, 40]
+    # a real shape at N=8: every rank holds at least its share and less than two extra whole parameters
+    numels = KNOWN_SHAPES["llama-3-8b"].param_numels()
+    held = zero12_grad_partition_elements(numels, 8)
+    share = sum(numels) / 8
+    assert all(share <= g < share + 2 * max(numels) for g in held)
+    assert max(held) > 1.08 * share  # measured 1.086: the rank holding two whole 58.7M-element MLP edges
 
 
 def test_closest_known_shape_by_parameter_count():
