@@ -59,6 +59,9 @@ class BenchOptions:
     """Seed of the initial weights and of the synthetic data; identical for every strategy."""
     compile: bool = False
     """torch.compile the model in every strategy."""
+    ds_comms_log: bool = False
+    """Also record DeepSpeed's own comms logger in ZeRO runs (a cross-check of the byte counter; it synchronizes
+    after every collective, so leave it off for GPU timings)."""
     out: str = "bench_out"
     """Output directory: results.jsonl, table.md, PNG plots, logs/."""
     master_port: int = 29700
@@ -149,23 +152,31 @@ def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, devic
     import torch
     import torch.distributed as dist
 
-    from zero_kit.metrics import StepTimer
+    from zero_kit.metrics import DeepSpeedCommsLog, StepTimer
 
     rank, world = dist.get_rank(), dist.get_world_size()
     timer = StepTimer(torch.cuda.synchronize if device.startswith("cuda") else None)
     losses, grads = [], 0
+    ds_log = DeepSpeedCommsLog() if opts.ds_comms_log and strategy.name.startswith("zero") else None
+
+    def counting(active: bool) -> None:
+        counter.active = active
+        if ds_log:
+            ds_log.set_active(active)
+
     for step in range(opts.steps):
         micro = [{k: v.to(device) for k, v in b.items()} for b in rank_micro_batches(step, opts, rank, world, vocab)]
-        counter.active = step >= opts.warmup
+        counting(step >= opts.warmup)
         timer.start()
         step_loss = sum(strategy.forward_backward(b, last=i == len(micro) - 1) for i, b in enumerate(micro))
         if step == opts.steps - 1:
-            counter.active, active = False, counter.active  # reading bytes is not part of the step
+            active = counter.active
+            counting(False)  # reading bytes is not part of the step
             grads = strategy.grad_bytes()
-            counter.active = active
+            counting(active)
         strategy.step()
         elapsed = timer.stop()
-        counter.active = False
+        counting(False)
         losses.append(_global_mean(step_loss / len(micro), device))
         if rank == 0:
             print(
@@ -178,6 +189,7 @@ def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, devic
         "step_times_s": timer.times,
         "median": timer.median(opts.warmup),
         "bytes": (params, grads, optimizer),
+        "ds_comms_log": ds_log.summary(opts.steps - opts.warmup, world) if ds_log else None,
     }
 
 
@@ -247,6 +259,7 @@ def _record(strategy, opts: BenchOptions, result: dict, model, device: str, coun
         "model_state_bytes_per_rank": {**mine, "all_ranks": [r["state"] for r in per_rank], "how": strategy.notes()},
         "peak_mem_bytes": {k: max(r["mem"][k] for r in per_rank) for k in per_rank[0]["mem"]},
         "comm_bytes_per_step": counter.summary(opts.steps - opts.warmup),
+        "deepspeed_comms_logger_per_step": result["ds_comms_log"],  # --ds-comms-log: DeepSpeed's own view
         "flops_per_token": fpt,
         "mfu": mfu(per_rank_tps, fpt, peak_flops(torch_device_name(device), opts.precision)) if gpu else None,
         "options": dataclasses.asdict(opts),

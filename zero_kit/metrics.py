@@ -228,3 +228,38 @@ def peak_flops(device_name: str, precision: str) -> float | None:
 def mfu(tokens_per_s_per_device: float, flops_token: float, peak: float | None) -> float | None:
     """Model FLOPs utilisation: achieved model FLOP/s over the device's dense peak; None when peak unknown."""
     return None if not peak else tokens_per_s_per_device * flops_token / peak
+
+
+# How DeepSpeed's comms logger sizes a message (deepspeed/comm/utils.py get_msg_size_from_args: the `tensor`
+# argument): the local shard for all-gathers, the full input for reductions. Our payload is always the full
+# collective, so a gather's payload is world x DeepSpeed's message.
+_DS_GATHERS = ("all_gather", "all_gather_into_tensor", "allgather_fn")
+
+
+class DeepSpeedCommsLog:
+    """DeepSpeed's own comms logger (`deepspeed.comm.comms_logger`), switched on exactly while the CommCounter
+    counts: an independent record of what DeepSpeed says it communicated, to cross-check the counting wrapper.
+    Opt-in (`--ds-comms-log`): the logger synchronizes the device after every collective, which would distort
+    GPU step times."""
+
+    def __init__(self) -> None:
+        from deepspeed.comm import comm
+
+        self.logger = comm.comms_logger
+        self.logger.prof_all, self.logger.verbose, self.logger.enabled = True, False, False
+        self.logger.reset_data()
+
+    def set_active(self, active: bool) -> None:
+        self.logger.enabled = active
+
+    def summary(self, steps: int, world: int) -> dict[str, Any]:
+        """Per step, by DeepSpeed's record name: calls, DeepSpeed's message bytes, and the full-collective payload
+        those imply (comparable with CommCounter's `payload_bytes_by_op`)."""
+        steps = max(steps, 1)
+        out: dict[str, Any] = {}
+        for name, by_size in sorted(self.logger.get_raw_data().items()):
+            calls = sum(entry[0] for entry in by_size.values())
+            message = sum(size * entry[0] for size, entry in by_size.items())
+            payload = message * world if name in _DS_GATHERS else message
+            out[name] = {"calls": calls / steps, "message_bytes": message / steps, "payload_bytes": payload / steps}
+        return out

@@ -23,7 +23,7 @@ def records(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     opts = BenchOptions(strategies=",".join(STRATEGIES), nproc=2, hidden_size=96, layers=2, vocab_size=256,
                         seq_len=32, micro_batch=2, grad_accum=2, steps=20, warmup=2, out=str(out),
-                        master_port=29710, timeout=240)  # fmt: skip
+                        master_port=29710, timeout=240, ds_comms_log=True)  # fmt: skip
     lines = []
     run_bench(opts, progress=lines.append)
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
@@ -112,3 +112,16 @@ def test_comm_bytes_ratios_against_ddp(records):
     # step, 1.5 x DDP per micro step as in the paper. (The generator's default zero3 keeps gathered parameters
     # alive from forward to backward: 1.0 per micro step, see benchmarks/results.)
     assert ring["zero3_release"] / ring["ddp"] / accum == pytest.approx(1.5, abs=0.05)
+
+
+@pytest.mark.parametrize("name", ["zero1", "zero2", "zero3_release"])
+def test_counter_agrees_with_deepspeeds_own_comms_logger(records, name):
+    # DeepSpeed's comms logger (switched on exactly while the counter counts) sees the same collectives: same
+    # calls and, once its shard-sized gather messages are scaled to the full collective, the same bytes.
+    ours = records[name]["comm_bytes_per_step"]
+    theirs = records[name]["deepspeed_comms_logger_per_step"]
+    assert set(theirs) == set(ours["calls_by_op"]), (theirs, ours)
+    for op, seen in theirs.items():
+        assert seen["calls"] == ours["calls_by_op"][op], op
+        assert seen["payload_bytes"] == ours["payload_bytes_by_op"][op], op
+    assert records["ddp"]["deepspeed_comms_logger_per_step"] is None  # DeepSpeed's logger only sees ZeRO runs
