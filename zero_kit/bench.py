@@ -193,6 +193,13 @@ def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, devic
     }
 
 
+def _compiled_graphs() -> int:
+    """Graphs TorchDynamo captured in this process (0 means torch.compile fell back to eager everywhere)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def _environment(device: str) -> dict[str, Any]:
     import importlib.metadata as metadata
 
@@ -260,6 +267,7 @@ def _record(strategy, opts: BenchOptions, result: dict, model, device: str, coun
         "peak_mem_bytes": {k: max(r["mem"][k] for r in per_rank) for k in per_rank[0]["mem"]},
         "comm_bytes_per_step": counter.summary(opts.steps - opts.warmup),
         "deepspeed_comms_logger_per_step": result["ds_comms_log"],  # --ds-comms-log: DeepSpeed's own view
+        "compiled_graphs": _compiled_graphs() if opts.compile else None,  # proof that torch.compile really ran
         "flops_per_token": fpt,
         "mfu": mfu(per_rank_tps, fpt, peak_flops(torch_device_name(device), opts.precision)) if gpu else None,
         "options": dataclasses.asdict(opts),
