@@ -199,6 +199,7 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
 
     from zero_kit.bench_record import build_record
     from zero_kit.strategies import LAUNCHER, STRATEGIES, StrategyOptions, build_strategy
+    from zero_kit.train_launch import end_process_group
 
     torch.use_deterministic_algorithms(True, warn_only=True)
     device, pg_backend = _device_and_backend()
@@ -231,9 +232,7 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
         finished = True
         return record
     finally:
-        if finished:
-            dist.barrier()  # no rank tears down while another still talks to it
-        dist.destroy_process_group()
+        end_process_group(finished)
 
 
 def _launch_command(strategy: str, opts: BenchOptions, index: int, record: str) -> list[str]:
@@ -342,6 +341,6 @@ def worker_main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from zero_kit.cli import _leave_without_teardown
+    from zero_kit.train_launch import exit_rank
 
-    _leave_without_teardown(worker_main())  # see there: interpreter teardown of a rank can abort
+    exit_rank(worker_main())  # no interpreter teardown: see there

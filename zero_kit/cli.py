@@ -75,32 +75,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def console() -> None:
     """The `zero-kit` console script and `python -m zero_kit.cli` (what the launchers run on every rank)."""
+    from zero_kit.train_launch import exit_rank, is_multi_rank_process
+
     try:
         code = main()
     except SystemExit as done:  # argparse's usage errors
         code = 0 if done.code is None else done.code if isinstance(done.code, int) else 2
-    if _is_distributed_rank():
-        _leave_without_teardown(code)
+    if is_multi_rank_process():
+        exit_rank(code)  # no interpreter teardown: see there
     sys.exit(code)
-
-
-def _is_distributed_rank() -> bool:
-    return "torch" in sys.modules and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and "RANK" in os.environ
-
-
-def _leave_without_teardown(code: int) -> None:
-    """A rank of a multi-rank job whose work is done and saved leaves with os._exit.
-
-    Interpreter teardown runs C++ destructors of gloo/DeepSpeed objects while the other ranks are gone
-    or being killed by the launcher (which terminates every rank once one exits non-zero, e.g. 75 after
-    preemption); now and then that aborts (SIGABRT, "terminate called without an active exception") and
-    the launcher then reports -6 instead of the rank's real exit code."""
-    import logging
-
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,14 @@ from pathlib import Path
 
 from zero_kit import checkpoint, preflight, universal
 from zero_kit.errors import UserError
-from zero_kit.train_launch import RELAUNCHED, relaunch, single_process_env, slurm_to_torch_env, under_launcher
+from zero_kit.train_launch import (
+    RELAUNCHED,
+    end_process_group,
+    relaunch,
+    single_process_env,
+    slurm_to_torch_env,
+    under_launcher,
+)
 from zero_kit.train_options import EXIT_PREEMPTED, TrainOptions, check_options, default_lr
 
 FINAL_DIR = "final"
@@ -41,18 +48,7 @@ def run_train(opts: TrainOptions) -> int:
         finished = True
         return code
     finally:
-        _destroy_process_group(meet_first=finished)
-
-
-def _destroy_process_group(meet_first: bool) -> None:
-    """After a finished run the ranks meet once more, so none tears down (or exits, which makes the launcher
-    kill the rest) while another still talks to it; after a failure they do not wait for each other."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        if meet_first:
-            dist.barrier()
-        dist.destroy_process_group()
+        end_process_group(finished)
 
 
 def _run_rank(opts: TrainOptions) -> int:

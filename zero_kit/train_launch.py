@@ -22,6 +22,38 @@ def under_launcher(env: dict[str, str] | None = None) -> bool:
     return "WORLD_SIZE" in env and "RANK" in env
 
 
+def end_process_group(finished: bool) -> None:
+    """Destroy the default process group, if any. After a finished run the ranks meet once more first, so none
+    tears down (or exits, which makes the `deepspeed` launcher kill the rest) while another still talks to it;
+    after a failure they do not wait for each other."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        if finished:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def is_multi_rank_process() -> bool:
+    """This process is one rank of a multi-rank job and has torch loaded."""
+    return "torch" in sys.modules and under_launcher() and int(os.environ["WORLD_SIZE"] or 1) > 1
+
+
+def exit_rank(code: int):
+    """A rank whose work is done and saved leaves with os._exit, flushing its output first.
+
+    Interpreter teardown runs C++ destructors of gloo/DeepSpeed objects while the other ranks are gone
+    or being killed by the launcher (which terminates every rank once one exits non-zero, e.g. 75 after
+    preemption); now and then that aborts (SIGABRT, "terminate called without an active exception") and
+    the launcher then reports -6 instead of the rank's real exit code."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def slurm_to_torch_env(env: dict[str, str]) -> dict[str, str]:
     """srun started one task per rank: derive the torch.distributed variables from SLURM's (empty otherwise)."""
     if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env or under_launcher(env):

@@ -14,6 +14,7 @@ import deepspeed
 import torch
 
 from zero_kit.model import tiny_llama_config
+from zero_kit.train_launch import end_process_group, exit_rank
 
 
 def main() -> None:
@@ -56,14 +57,9 @@ def main() -> None:
     }
     with open(f"{args.out}.rank{rank}", "w", encoding="utf-8") as f:
         json.dump(result, f)
-    # Tear the process group down before exit: left to interpreter shutdown, ZeRO-3's gloo/shm threads can
-    # abort ("terminate called without an active exception", exit -6) after the work is done.
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    end_process_group(finished=True)
 
 
 if __name__ == "__main__":
-    from zero_kit.cli import _leave_without_teardown
-
     main()
-    _leave_without_teardown(0)
+    exit_rank(0)  # interpreter teardown of a ZeRO-3 rank can abort (see there)

@@ -20,6 +20,7 @@ import deepspeed
 import torch
 
 from zero_kit.model import count_parameters, load_model
+from zero_kit.train_launch import end_process_group, exit_rank
 
 
 def checksum(model) -> list[float]:
@@ -71,12 +72,9 @@ def main() -> None:
     del keep_alive
     gc.collect()
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(record))
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    end_process_group(finished=True)
 
 
 if __name__ == "__main__":
-    from zero_kit.cli import _leave_without_teardown
-
     main()
-    _leave_without_teardown(0)  # interpreter teardown of a ZeRO-3 rank can abort (see there)
+    exit_rank(0)  # interpreter teardown of a ZeRO-3 rank can abort (see there)
