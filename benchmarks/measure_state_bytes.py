@@ -1,5 +1,5 @@
 """Per-rank bytes every live tensor really occupies just before optimizer.step(), next to the formula in
-`zero_kit.accounting` that `zero-kit plan` and the benchmark use. Independent of the strategies' own byte readers:
+`zero_kit.plan.accounting` that `zero-kit plan` and the benchmark use. Independent of the strategies' own byte readers:
 it walks every tensor the Python garbage collector knows (parameters, .grad, optimizer state, DeepSpeed's flat
 partitions and buckets alike) and counts each storage once. CPU, gloo, the embedded tiny LLaMA, 3 steps.
 
@@ -128,8 +128,8 @@ def wrap(run: str, model, precision: str, world_size: int, client_optimizer: boo
         return forward, (lambda loss: loss.backward()), optimizer.step, None
     import deepspeed
 
-    from zero_kit.ds_config import build_ds_config
-    from zero_kit.spec import ZeroSpec
+    from zero_kit.config.builder import build_ds_config
+    from zero_kit.config.spec import ZeroSpec
 
     deepspeed.init_distributed(dist_backend="gloo")
     offload = "cpu" if run.endswith("+offload") else "none"
@@ -188,9 +188,9 @@ def rank_run(run: str, precision: str, client_optimizer: bool = False, list_stor
 
 def predicted(run: str, n_params: int, world_size: int, precision: str) -> tuple[int, str]:
     """Model states from the shared tables; ZeRO-2 offload adds the staging buffers `zero-kit plan` counts."""
-    from zero_kit.accounting import model_state_bytes, shape_from_hf_config
     from zero_kit.model import tiny_llama_config
-    from zero_kit.plan import Workload, buffer_terms
+    from zero_kit.plan.accounting import model_state_bytes, shape_from_hf_config
+    from zero_kit.plan.memory import Workload, buffer_terms
 
     strategy, offload = run.split("+")[0], run.endswith("+offload")
     states = model_state_bytes(strategy, n_params, world_size, precision, offload_optimizer=offload)

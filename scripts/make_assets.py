@@ -18,7 +18,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from asset_corpus import PARAGRAPH_LINKS, TOPICS  # noqa: E402
 
-from zero_kit.data import ALPACA_PROMPT, ALPACA_PROMPT_WITH_INPUT  # noqa: E402
+from zero_kit.data.dataset import ALPACA_PROMPT, ALPACA_PROMPT_WITH_INPUT  # noqa: E402
 
 ASSETS = ROOT / "zero_kit" / "assets"
 VOCAB_SIZE = 2048

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def console() -> None:
     """The `zero-kit` console script and `python -m zero_kit.cli` (what the launchers run on every rank)."""
-    from zero_kit.train_launch import exit_rank, is_multi_rank_process
+    from zero_kit.dist import exit_rank, is_multi_rank_process
 
     try:
         code = main()

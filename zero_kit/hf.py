@@ -22,7 +22,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from zero_kit.errors import UserError
-from zero_kit.train_options import TrainOptions, check_options, zero_spec
+from zero_kit.train.options import TrainOptions, check_options, zero_spec
 
 
 def deepspeed_config(**options: Any) -> dict:
@@ -64,7 +64,7 @@ def trainer_ds_config(opts: TrainOptions) -> dict:
     """Generated from `--stage` and friends ("auto" values, filled by the Trainer), or the linted `--ds-config`."""
     check_options(opts)
     if opts.ds_config is None:
-        from zero_kit.ds_config import build_ds_config
+        from zero_kit.config.builder import build_ds_config
 
         return build_ds_config(zero_spec(opts))
     return _load_and_lint(Path(opts.ds_config))
@@ -87,7 +87,7 @@ def _load_and_lint(path: Path) -> dict:
 
 
 def _lint(config: dict) -> list:
-    from zero_kit.lint import LintContext, lint
+    from zero_kit.lint.core import LintContext, lint
 
     return lint(config, LintContext(target="hf-trainer"))
 

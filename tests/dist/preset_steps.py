@@ -14,7 +14,7 @@ import deepspeed
 import torch
 
 from zero_kit.model import tiny_llama_config
-from zero_kit.train_launch import end_process_group, exit_rank
+from zero_kit.dist import end_process_group, exit_rank
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 from train_helpers import FAST, env, zero_kit
 
-from zero_kit import checkpoint
+from zero_kit.train import checkpoint
 
 FAULTS_DIR = Path(__file__).resolve().parent / "reliability_faults"
 STEPS = 8

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from zero_kit.accounting import model_state_bytes, zero12_edge_grad_bytes
+from zero_kit.plan.accounting import model_state_bytes, zero12_edge_grad_bytes
 from zero_kit.bench import BenchOptions, run_bench
 
 pytestmark = pytest.mark.dist

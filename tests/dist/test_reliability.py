@@ -34,8 +34,8 @@ from reliability_helpers import (
 )
 from train_helpers import load_safetensors_dir, log_records
 
-from zero_kit import checkpoint
-from zero_kit.train_options import EXIT_PREEMPTED
+from zero_kit.train import checkpoint
+from zero_kit.train.options import EXIT_PREEMPTED
 
 pytestmark = pytest.mark.dist
 STOP_BOUND_S = 60  # deepspeed's launcher polls ranks every 1 s, then gives survivors 30 s after SIGTERM

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from train_helpers import FAST, env, zero_kit
 
-from zero_kit import checkpoint
-from zero_kit.preflight import HOST_MEM_ENV
+from zero_kit.train import checkpoint
+from zero_kit.train.preflight import HOST_MEM_ENV
 
 pytestmark = pytest.mark.dist
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from train_helpers import FAST, assert_trained, env, load_safetensors_dir, log_records, run, run_info, zero_kit
 
-from zero_kit.train_options import EXIT_PREEMPTED
+from zero_kit.train.options import EXIT_PREEMPTED
 
 pytestmark = pytest.mark.dist
 STEPS = 5

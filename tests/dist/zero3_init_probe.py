@@ -20,7 +20,7 @@ import deepspeed
 import torch
 
 from zero_kit.model import count_parameters, load_model
-from zero_kit.train_launch import end_process_group, exit_rank
+from zero_kit.dist import end_process_group, exit_rank
 
 
 def checksum(model) -> list[float]:

@@ -10,9 +10,9 @@ import shutil
 import subprocess
 
 import pytest
+from benchmarks.rigs.two_host_bench import run_two_hosts, two_hosts
 
 from zero_kit.bench import BenchOptions, run_bench
-from zero_kit.bench_netns import run_two_hosts, two_hosts
 
 pytestmark = pytest.mark.multinode
 PREFIX = "zkb1"

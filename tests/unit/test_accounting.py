@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from zero_kit.accounting import (
+from zero_kit.plan.accounting import (
     KNOWN_SHAPES,
     STRATEGIES,
     closest_known_shape,
@@ -15,7 +15,7 @@ from zero_kit.accounting import (
     zero12_edge_grad_bytes,
     zero12_grad_partition_elements,
 )
-from zero_kit.plan import Workload, buffer_terms
+from zero_kit.plan.memory import Workload, buffer_terms
 
 # Published totals of the Meta checkpoints.
 PUBLISHED = {

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from zero_kit.data import (
+from zero_kit.data.dataset import (
     ALPACA_PROMPT,
     ALPACA_PROMPT_WITH_INPUT,
     IGNORE_INDEX,

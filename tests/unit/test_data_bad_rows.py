@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from zero_kit.data import load_dataset_rows, tokenize_dataset
+from zero_kit.data.dataset import load_dataset_rows, tokenize_dataset
 from zero_kit.errors import UserError
 from zero_kit.model import load_tokenizer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zero_kit.data import IGNORE_INDEX, collate, load_dataset_rows, tokenize_dataset
+from zero_kit.data.dataset import IGNORE_INDEX, collate, load_dataset_rows, tokenize_dataset
 from zero_kit.model import load_model, load_tokenizer
 
 MAX_LENGTH = 128

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from zero_kit.cli import main
-from zero_kit.ds_config import bucket_sizes, build_ds_config, dumps, resolve_batch, resolve_world_size
+from zero_kit.config.builder import bucket_sizes, build_ds_config, dumps, resolve_batch, resolve_world_size
+from zero_kit.config.spec import ZeroSpec
 from zero_kit.errors import BatchSizeError, UserError
-from zero_kit.spec import ZeroSpec
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zero_kit.data import load_dataset_rows, tokenize_dataset
+from zero_kit.data.dataset import load_dataset_rows, tokenize_dataset
 from zero_kit.errors import UserError
 from zero_kit.model import load_tokenizer
 

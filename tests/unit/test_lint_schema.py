@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
-from zero_kit.ds_schema import deepspeed_parse, discover, hf_trainer_auto_keys, optimizer_parameters
-from zero_kit.lint import LintContext, join, lint
+from zero_kit.lint.core import LintContext, join, lint
+from zero_kit.lint.discover import deepspeed_parse, discover, hf_trainer_auto_keys, optimizer_parameters
 
 
 def test_discovers_top_level_keys_and_sections():

@@ -1,4 +1,4 @@
-"""zero_kit.preflight: each resource problem is one UserError naming the path or option, the numbers and the fix.
+"""zero_kit.train.preflight: each resource problem is one UserError naming the path or option, the numbers and the fix.
 
 Tests run as root in CI, so "not writable" is made with things root cannot get past either: a file where a
 directory should be, and a directory under a file; "disk full" and "little RAM" patch what the OS reports.
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from zero_kit import preflight
 from zero_kit.errors import UserError
-from zero_kit.train_options import TrainOptions
+from zero_kit.train import preflight
+from zero_kit.train.options import TrainOptions
 
 Usage = namedtuple("Usage", "total used free")
 VMem = namedtuple("VMem", "total available")

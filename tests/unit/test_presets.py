@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from zero_kit.presets import PRESETS, PRESETS_DIR, write_presets
+from zero_kit.config.presets import PRESETS, PRESETS_DIR, write_presets
 
 PRESET_FILES = sorted(PRESETS_DIR.glob("*.json"))
 
@@ -15,11 +15,11 @@ PRESET_FILES = sorted(PRESETS_DIR.glob("*.json"))
 def test_presets_are_exactly_what_the_generator_writes(tmp_path):
     written = write_presets(tmp_path)
     assert sorted(p.name for p in PRESET_FILES) == sorted(p.name for p in written), (
-        "regenerate: python -m zero_kit.presets"
+        "regenerate: python -m zero_kit.config.presets"
     )
     for fresh in written:
         committed = PRESETS_DIR / fresh.name
-        assert committed.read_text() == fresh.read_text(), f"{committed} drifted: run python -m zero_kit.presets"
+        assert committed.read_text() == fresh.read_text(), f"{committed} drifted: run python -m zero_kit.config.presets"
 
 
 def test_the_required_presets_exist():
@@ -85,3 +85,22 @@ def test_every_preset_parses_with_deepspeed(path, world_size, monkeypatch):
         assert parsed.zero_config.prefetch_bucket_size == int(0.9 * 4096 * 4096)
     if "offload" in path.stem:
         assert parsed.zero_config.offload_optimizer.device == "cpu"
+
+
+def test_each_preset_is_what_zero_kit_config_writes_for_the_same_flags(tmp_path, capsys):
+    """The presets are built from specs; the CLI with the equivalent flags must write the same bytes."""
+    import dataclasses
+
+    from zero_kit.cli import main
+    from zero_kit.config.spec import ZeroSpec
+
+    for name, spec in PRESETS.items():
+        flags = []
+        for field in dataclasses.fields(ZeroSpec):
+            value = getattr(spec, field.name)
+            if value != field.default:
+                flag = "--" + field.name.replace("_", "-")
+                flags += [flag] if value is True else [flag, str(value)]
+        out = tmp_path / f"{name}.json"
+        assert main(["config", *flags, "-o", str(out)]) == 0
+        assert out.read_text() == (PRESETS_DIR / f"{name}.json").read_text(), name

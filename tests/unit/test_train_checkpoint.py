@@ -1,10 +1,10 @@
-"""Crash-safe checkpoint bookkeeping (zero_kit.checkpoint): only complete checkpoints are ever resumed."""
+"""Crash-safe checkpoint bookkeeping (zero_kit.train.checkpoint): only complete checkpoints are ever resumed."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from zero_kit import checkpoint
+from zero_kit.train import checkpoint
 
 
 def _fake_checkpoint(root: Path, step: int, *, complete: bool) -> Path:

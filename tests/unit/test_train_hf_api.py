@@ -9,7 +9,7 @@ import pytest
 
 from zero_kit.errors import UserError
 from zero_kit.hf import ThroughputCallback, adopt_file_values, deepspeed_config
-from zero_kit.train_options import TrainOptions
+from zero_kit.train.options import TrainOptions
 
 
 def test_deepspeed_config_from_cli_options_leaves_batch_to_the_trainer():

@@ -1,4 +1,4 @@
-"""zero_kit.universal without a process group: which world size wrote a checkpoint, when a conversion is
+"""zero_kit.train.universal without a process group: which world size wrote a checkpoint, when a conversion is
 needed, and that a failed conversion is a UserError that leaves nothing half-written behind. The real
 conversion and the resume at 1 and 4 ranks run in tests/dist/test_reliability.py."""
 
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from zero_kit import checkpoint, universal
 from zero_kit.errors import UserError
+from zero_kit.train import checkpoint, universal
 
 
 def _checkpoint(tmp_path: Path, *, manifest_ws: int | None = None, run_ws: int | None = None, shards: int = 2) -> Path:

@@ -8,10 +8,10 @@ import json
 import sys
 from pathlib import Path
 
-from zero_kit.ds_config import accelerate_yaml, build_ds_config, dumps, resolve_world_size
+from zero_kit.config.builder import accelerate_yaml, build_ds_config, dumps, resolve_world_size
+from zero_kit.config.spec import ZeroSpec
 from zero_kit.errors import UserError
 from zero_kit.options import add_dataclass_arguments, dataclass_from_args
-from zero_kit.spec import ZeroSpec
 
 HIDDEN_SIZE_KEYS = ("hidden_size", "n_embd", "d_model")
 

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     import deepspeed.utils.zero_to_fp32  # noqa: F401
     import transformers  # noqa: F401
 
-    from zero_kit.export import AnonPeak, describe, export_checkpoint, peak_rss_mib
+    from zero_kit.train.export import AnonPeak, describe, export_checkpoint, peak_rss_mib
 
     with AnonPeak() as anon:
         out = export_checkpoint(

@@ -92,7 +92,7 @@ def parse_count(text: str) -> int:
 
 def resolve_model(opts: PlanOptions):
     """(label, shape, n_params) from --model DIR, --model NAME or --params with optional dimensions."""
-    from zero_kit.accounting import KNOWN_SHAPES, LlamaShape, closest_known_shape, shape_from_hf_config
+    from zero_kit.plan.accounting import KNOWN_SHAPES, LlamaShape, closest_known_shape, shape_from_hf_config
 
     if (opts.model is None) == (opts.params is None):
         raise UserError("give exactly one of --model and --params", "e.g. --model llama-3-8b or --params 8e9")
@@ -126,7 +126,7 @@ def resolve_model(opts: PlanOptions):
 
 
 def build_inputs(opts: PlanOptions):
-    from zero_kit.plan import Hardware, Workload
+    from zero_kit.plan.memory import Hardware, Workload
 
     if opts.gpu_mem is None:
         raise UserError("--gpu-mem is required", "e.g. --gpu-mem 80GB")
@@ -150,7 +150,7 @@ def build_inputs(opts: PlanOptions):
 
 
 def run(args: argparse.Namespace) -> int:
-    from zero_kit.plan import make_plan
+    from zero_kit.plan.memory import make_plan
 
     opts = dataclass_from_args(PlanOptions, args)
     label, work, hardware = build_inputs(opts)
@@ -167,8 +167,8 @@ def run(args: argparse.Namespace) -> int:
 
 def write_config(plan, opts: PlanOptions, path: str) -> None:
     """The recommended option's DeepSpeed config through the generator (FSDP2 -> ZeRO-3, DDP -> ZeRO-0)."""
-    from zero_kit.ds_config import build_ds_config, dumps
-    from zero_kit.spec import ZeroSpec
+    from zero_kit.config.builder import build_ds_config, dumps
+    from zero_kit.config.spec import ZeroSpec
 
     best = plan.recommended
     stage = {"ddp": 0, "fsdp": 3}.get(best.strategy) or int(best.strategy[-1])

@@ -16,7 +16,7 @@ from zero_kit.options import add_dataclass_arguments, dataclass_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from zero_kit.train_options import TrainOptions
+    from zero_kit.train.options import TrainOptions
 
     add_dataclass_arguments(parser, TrainOptions)
     # The deepspeed launcher appends --local_rank=N to every rank's argv; the rank comes from the environment.
@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zero_kit.train import run_train
-    from zero_kit.train_options import TrainOptions
+    from zero_kit.train.job import run_train
+    from zero_kit.train.options import TrainOptions
 
     return run_train(dataclass_from_args(TrainOptions, args))

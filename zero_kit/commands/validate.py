@@ -128,7 +128,7 @@ def read_config(path: str) -> tuple[Any, list[str]]:
 
 
 def _lint_file(path: str, context) -> list[dict[str, Any]]:
-    from zero_kit.lint import Problem, lint
+    from zero_kit.lint.core import Problem, lint
 
     config, duplicates = read_config(path)
     problems = [
@@ -142,7 +142,7 @@ def _lint_file(path: str, context) -> list[dict[str, Any]]:
 
 
 def _print_text(path: str, problems: list[dict[str, Any]]) -> None:
-    from zero_kit.lint import Problem
+    from zero_kit.lint.core import Problem
 
     errors = sum(p["severity"] == "error" for p in problems)
     warnings = len(problems) - errors
@@ -162,7 +162,7 @@ def _json_safe(value: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zero_kit.lint import LintContext
+    from zero_kit.lint.core import LintContext
 
     world_size, source = world_size_from(args.world_size, dict(os.environ))
     context = LintContext(world_size=world_size, world_size_source=source, target=args.target)

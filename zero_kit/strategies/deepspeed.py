@@ -1,5 +1,5 @@
 """DeepSpeed ZeRO stages 0-3 (and optimizer offload) through `deepspeed.initialize`, with the config from
-`zero_kit.ds_config.build_ds_config` (the same generator users get from `zero-kit config`).
+`zero_kit.config.builder.build_ds_config` (the same generator users get from `zero-kit config`).
 
 Bytes are read from DeepSpeed's real buffers: module parameters (ZeRO-0/1/2) or ZeRO-3's `ds_tensor` partitions
 (params); module `.grad`, `averaged_gradients` partitions and ZeRO-3's flat gradient-partition buffer (grads); the
@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from zero_kit.metrics import storage_bytes, storage_ptrs
-from zero_kit.strategies import Strategy as _Base
-from zero_kit.strategies import StrategyOptions, make_optimizer, optimizer_state_tensors
+from zero_kit.strategies.base import Strategy as _Base
+from zero_kit.strategies.base import StrategyOptions, make_optimizer, optimizer_state_tensors
 
 
 def ds_config_for(options: StrategyOptions, stage: int, offload_optimizer: str, hidden_size: int) -> dict[str, Any]:
@@ -24,8 +24,8 @@ def ds_config_for(options: StrategyOptions, stage: int, offload_optimizer: str, 
       client optimizer: DeepSpeed's own AdamW choice (FusedAdam / CPU Adam) would make fp32 parity a test of
       optimizer kernels instead of ZeRO;
     - steps_per_print is raised so DeepSpeed's periodic log does not interleave with the progress display."""
-    from zero_kit.ds_config import build_ds_config
-    from zero_kit.spec import ZeroSpec
+    from zero_kit.config.builder import build_ds_config
+    from zero_kit.config.spec import ZeroSpec
 
     spec = ZeroSpec(
         stage=stage,

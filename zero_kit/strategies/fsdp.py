@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from zero_kit.metrics import storage_bytes
-from zero_kit.strategies import Strategy as _Base
-from zero_kit.strategies import StrategyOptions, clip_and_step, make_optimizer, optimizer_state_tensors
+from zero_kit.strategies.base import Strategy as _Base
+from zero_kit.strategies.base import StrategyOptions, clip_and_step, make_optimizer, optimizer_state_tensors
 
 
 def _local(tensor):

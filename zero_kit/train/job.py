@@ -2,7 +2,7 @@
 
 One entry for one rank or many: under `deepspeed`, `torchrun` or `accelerate launch` this process is one
 rank; started plainly with `--nproc N` it re-launches itself under the `deepspeed` launcher
-(zero_kit.train_launch). The DeepSpeed config comes from zero_kit.ds_config (or a linted --ds-config).
+(zero_kit.train.relaunch). The DeepSpeed config comes from zero_kit.config.builder (or a linted --ds-config).
 """
 
 from __future__ import annotations
@@ -13,17 +13,11 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from zero_kit import checkpoint, preflight, universal
+from zero_kit.dist import barrier, end_process_group, free_port, single_process_env, slurm_to_torch_env, under_launcher
 from zero_kit.errors import UserError
-from zero_kit.train_launch import (
-    RELAUNCHED,
-    end_process_group,
-    relaunch,
-    single_process_env,
-    slurm_to_torch_env,
-    under_launcher,
-)
-from zero_kit.train_options import EXIT_PREEMPTED, TrainOptions, check_options, default_lr
+from zero_kit.train import checkpoint, preflight, universal
+from zero_kit.train.options import EXIT_PREEMPTED, TrainOptions, check_options, default_lr
+from zero_kit.train.relaunch import RELAUNCHED, relaunch
 
 FINAL_DIR = "final"
 PROBE_ENV = "ZERO_KIT_PROBE_LOGITS"  # tests: rank 0 saves the trained model's logits on a fixed batch here
@@ -36,8 +30,6 @@ def run_train(opts: TrainOptions) -> int:
     if not under_launcher():
         if opts.nproc and opts.nproc > 1 and not os.environ.get(RELAUNCHED):
             return relaunch(opts, opts.nproc)
-        from zero_kit.train_launch import free_port
-
         os.environ.update(single_process_env(opts.master_port or free_port()))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -168,7 +160,6 @@ def _precision(choice: str, on_gpu: bool) -> str:
 
 def _resolve_resume(opts: TrainOptions, output: Path, args) -> Path | None:
     """auto: newest complete checkpoint (incomplete leftovers are deleted); never: fresh; else the given path."""
-    import torch.distributed as dist
 
     if opts.resume == "never":
         if args.process_index == 0 and checkpoint.list_checkpoints(output):
@@ -186,8 +177,7 @@ def _resolve_resume(opts: TrainOptions, output: Path, args) -> Path | None:
             )
     if opts.resume != "never" and args.process_index == 0:
         checkpoint.remove_incomplete(output)
-    if dist.is_initialized():
-        dist.barrier()
+    barrier()
     return found
 
 
@@ -241,7 +231,7 @@ def _apply_lora(model, opts: TrainOptions):
 
 
 def _build_data(opts: TrainOptions, tokenizer):
-    from zero_kit import data as zk_data
+    from zero_kit.data import dataset as zk_data
 
     rows = zk_data.load_dataset_rows([opts.data] if opts.data else None, opts.format)
     dataset, stats = zk_data.tokenize_dataset(
@@ -277,7 +267,7 @@ def _trainer(opts, args, model, tokenizer, dataset, collator, output: Path, run_
     from transformers import PrinterCallback, Trainer
 
     from zero_kit.hf import ThroughputCallback
-    from zero_kit.train_callbacks import (
+    from zero_kit.train.callbacks import (
         CompleteCheckpointCallback,
         PreemptionCallback,
         ProgressCallback,
@@ -334,7 +324,7 @@ def _export_final(output: Path, args) -> None:
     if args.process_index == 0:
         from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
-        from zero_kit.export import export_checkpoint
+        from zero_kit.train.export import export_checkpoint
 
         # Training is over: models the export builds (the LoRA base) must not enter zero.Init, whose
         # collectives would wait for ranks that are not there.

@@ -17,7 +17,7 @@ partition only when `tensor.device == self.device`, but self.device is the strin
 a torch.device, so it always clones), and ZeRO-1 in 0.19.8 accumulates gradients straight into an fp32 partition,
 exactly like ZeRO-2. DDP and FSDP2 train in
 fp32 parameters (autocast for bf16/fp16), so their states are 4 + 4 + 8 bytes per parameter, replicated
-(DDP) or sharded (FSDP2). Bucket and gathered-layer buffers are not model states: see `zero_kit.plan`.
+(DDP) or sharded (FSDP2). Bucket and gathered-layer buffers are not model states: see `zero_kit.plan.memory`.
 
 One more thing DeepSpeed really keeps: ZeRO-1/2 hold the gradients of the parameters at the edges of their
 partition whole (`zero12_grad_partition_elements`), so rank r's gradient partition is G_r >= Ψ/N elements. The
@@ -131,7 +131,7 @@ def model_state_bytes(
 
     Offloading the optimizer (ZeRO-1/2/3) moves the fp32 gradient partition, master and Adam moments to host RAM
     (ZeRO-3 also its gradient accumulation partition); gradients leave the GPU bucket by bucket, so only buckets
-    stay there (counted as buffers by `zero_kit.plan`).
+    stay there (counted as buffers by `zero_kit.plan.memory`).
     Offloading parameters (ZeRO-3) moves the 16-bit parameter partition too. With `trainable_params`
     (LoRA), the other parameters are frozen: they keep only their weights (16-bit under mixed precision),
     partitioned by ZeRO-3 and FSDP2, and only the trainable ones carry gradients and optimizer state.
@@ -157,7 +157,7 @@ def model_state_bytes(
     if offload_optimizer:
         # The host keeps the fp32 gradient partition CPU Adam steps on; ZeRO-3 also keeps its gradient
         # accumulation partition there (measured: fp32 ZeRO-3 offload holds 24Ψ/N in all, ZeRO-2 4Ψ + 20Ψ/N with
-        # the 16-bit partition buffer that `zero_kit.plan` counts as a GPU buffer).
+        # the 16-bit partition buffer that `zero_kit.plan.memory` counts as a GPU buffer).
         host_grads = (0, FP32 + DTYPE_BYTES[precision]) if strategy == "zero3" else (0, FP32)
         host = [0, _per_rank(host_grads, trainable, world_size), optimizer]
         host_pairs = [(0, 0), host_grads, table.optimizer]

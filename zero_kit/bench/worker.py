@@ -1,72 +1,17 @@
-"""The comparison runner. Two halves:
-
-- `run_rank(...)`: one rank of one strategy (`python -m zero_kit.bench --strategy S --options-json J`, started by
-  `torchrun` for ddp/fsdp or the `deepspeed` launcher for zeroN). Same seeded LLaMA-style model, same synthetic
-  data (rank r takes rows r, r+N, ... of each fixed global batch), same AdamW, so fp32 losses agree across
-  strategies. Rank 0 appends one JSON record to `--record`.
-- `run_bench(options)`: the driver behind `zero-kit bench`: a real launch per strategy, progress display,
-  then JSONL + markdown table + PNG plots (zero_kit.bench_report).
+"""One rank of one strategy run (`python -m zero_kit.bench --strategy S --options-json J`, started by `torchrun`
+for ddp/fsdp or the `deepspeed` launcher for zeroN). Same seeded LLaMA-style model, same synthetic data (rank r
+takes rows r, r+N, ... of each fixed global batch), same AdamW, so fp32 losses agree across strategies. Rank 0
+appends one JSON record to `--record`.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import os
-import sys
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from zero_kit.bench.options import PROGRESS, BenchOptions
 from zero_kit.metrics import CommCounter
-
-PROGRESS = "[zk-bench]"
-
-
-@dataclass(frozen=True)
-class BenchOptions:
-    strategies: str = "ddp,fsdp,zero1,zero2,zero3"
-    """Comma-separated strategies: ddp, fsdp, zero0..zero3, zero2_offload, zero3_offload, and the DeepSpeed variants
-    zero1_reduce / zero2_reduce (per-owner reduce) and zero3_release (re-gather in backward)."""
-    nproc: int = 2
-    """Ranks (processes) per run; on CPU each is one process using gloo."""
-    model: str = "tiny"
-    """tiny (the embedded LLaMA-architecture default) or a local HF model DIR (its config, random init)."""
-    hidden_size: int | None = None
-    """Override the tiny model's hidden size (benchmark size knob)."""
-    layers: int | None = None
-    """Override the tiny model's number of layers."""
-    vocab_size: int = 2048
-    """Vocabulary size of the tiny model (synthetic tokens are drawn below it)."""
-    seq_len: int = 128
-    """Tokens per row."""
-    micro_batch: int = 2
-    """Rows per rank per micro step."""
-    grad_accum: int = 1
-    """Micro steps per optimizer step (no_sync / set_requires_gradient_sync / DeepSpeed boundary)."""
-    steps: int = 20
-    """Optimizer steps per run (losses recorded for every one)."""
-    warmup: int = 3
-    """Steps excluded from timing and byte counting."""
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """fp32 for exact parity on CPU; bf16 on GPUs (DeepSpeed bf16 / FSDP2 MixedPrecisionPolicy / DDP autocast)."""
-    lr: float = 1e-3
-    """AdamW learning rate; high because the tiny model trains from scratch (the loss curve must move)."""
-    grad_clip: float = 1.0
-    """Clip gradients to this global norm in every strategy (0 disables)."""
-    seed: int = 0
-    """Seed of the initial weights and of the synthetic data; identical for every strategy."""
-    compile: bool = False
-    """torch.compile the model in every strategy."""
-    ds_comms_log: bool = False
-    """Also record DeepSpeed's own comms logger in ZeRO runs (a cross-check of the byte counter; it synchronizes
-    after every collective, so leave it off for GPU timings)."""
-    out: str = "bench_out"
-    """Output directory: results.jsonl, table.md, PNG plots, logs/."""
-    master_port: int = 29700
-    """First rendezvous port; strategy i uses master_port + i."""
-    timeout: int = 600
-    """Seconds allowed per strategy run before it is killed and reported failed."""
 
 
 def synthetic_rows(step: int, rows: int, seq_len: int, vocab: int, seed: int):
@@ -115,16 +60,6 @@ def build_model(opts: BenchOptions):
     config = model_config(opts)
     torch.manual_seed(opts.seed)
     return LlamaForCausalLM(config)
-
-
-def _device_and_backend() -> tuple[str, str]:
-    import torch
-
-    if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        return f"cuda:{local}", "nccl"
-    return "cpu", "gloo"
 
 
 def _init_distributed(backend_kind: str, pg_backend: str) -> None:
@@ -197,12 +132,12 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
     import torch
     import torch.distributed as dist
 
-    from zero_kit.bench_record import build_record
+    from zero_kit.bench.record import build_record
+    from zero_kit.dist import device_and_backend, end_process_group
     from zero_kit.strategies import LAUNCHER, STRATEGIES, StrategyOptions, build_strategy
-    from zero_kit.train_launch import end_process_group
 
     torch.use_deterministic_algorithms(True, warn_only=True)
-    device, pg_backend = _device_and_backend()
+    device, pg_backend = device_and_backend()
     if device.startswith("cuda") and opts.precision == "fp32":
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 on GPU means TF32 matmuls (metrics.PEAK_FLOPS)
     backend_kind = STRATEGIES[strategy_name][0]
@@ -235,98 +170,6 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
         end_process_group(finished)
 
 
-def _launch_command(strategy: str, opts: BenchOptions, index: int, record: str) -> list[str]:
-    from zero_kit.launch import deepspeed_command, torchrun_command
-    from zero_kit.strategies import LAUNCHER, check_name
-
-    args = ["--strategy", strategy, "--options-json", json.dumps(dataclasses.asdict(opts)), "--record", record]
-    port = opts.master_port + index
-    if LAUNCHER[check_name(strategy)[0]] == "deepspeed":
-        return deepspeed_command("zero_kit.bench", args, nproc=opts.nproc, master_port=port)
-    return torchrun_command("zero_kit.bench", args, nproc=opts.nproc, master_port=port)
-
-
-def _run_one(strategy: str, opts: BenchOptions, index: int, out_dir, progress) -> tuple[dict | None, str]:
-    """Launch one strategy; returns (record or None, log path). Progress lines from rank 0 go to `progress`."""
-    import subprocess
-    import tempfile
-
-    log_path = out_dir / "logs" / f"{strategy}.log"
-    fd, record_path = tempfile.mkstemp(suffix=".jsonl", dir=out_dir / "logs")
-    os.close(fd)
-    command = _launch_command(strategy, opts, index, record_path)
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-    with open(log_path, "w", encoding="utf-8") as log:
-        log.write(" ".join(command) + "\n")
-        proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
-        )
-        try:
-            _pump(proc, log, progress, opts.timeout)
-        finally:
-            _stop(proc)
-    with open(record_path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    os.unlink(record_path)
-    if proc.returncode != 0 or not lines:
-        return None, str(log_path)
-    record = json.loads(lines[-1])
-    record["command"] = " ".join(command)
-    return record, str(log_path)
-
-
-def _pump(proc, log, progress, timeout: float) -> None:
-    import threading
-
-    timer = threading.Timer(timeout, proc.kill)
-    timer.start()
-    try:
-        for line in proc.stdout:
-            log.write(line)
-            if line.startswith(PROGRESS):
-                progress(line[len(PROGRESS) :].strip())
-        proc.wait()
-    finally:
-        timer.cancel()
-
-
-def _stop(proc) -> None:
-    import signal
-
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher's own process group (start_new_session)
-        proc.wait()
-
-
-def run_bench(opts: BenchOptions, progress=None) -> list[dict]:
-    """Every strategy as a real launch; then results.jsonl, table.md and PNG plots in opts.out."""
-    from pathlib import Path
-
-    from zero_kit.bench_report import failed_record, write_outputs
-    from zero_kit.strategies import check_name
-
-    names = [n.strip() for n in opts.strategies.split(",") if n.strip()]
-    for name in names:
-        check_name(name)
-    model_config(opts)
-    out_dir = Path(opts.out)
-    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
-    progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
-    records = []
-    for index, name in enumerate(names):
-        progress(f"[{index + 1}/{len(names)}] launching {name} on {opts.nproc} ranks")
-        record, log_path = _run_one(name, opts, index, out_dir, progress)
-        records.append(record or failed_record(name, opts, log_path))
-    write_outputs(records, out_dir)
-    return records
-
-
 def worker_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="one rank of a zero-kit bench run (started by a launcher)")
     parser.add_argument("--strategy", required=True)
@@ -338,9 +181,3 @@ def worker_main(argv: list[str] | None = None) -> int:
     opts = BenchOptions(**json.loads(args.options_json))
     run_rank(args.strategy, opts, args.record, counter)
     return 0
-
-
-if __name__ == "__main__":
-    from zero_kit.train_launch import exit_rank
-
-    exit_rank(worker_main())  # no interpreter teardown: see there

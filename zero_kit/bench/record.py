@@ -1,6 +1,6 @@
 """One rank's JSON record of a `zero-kit bench` run: what was measured (losses, step times, bytes held by every
 rank, peak memory, collective bytes, MFU on GPU) and under what (model, batch, versions, hardware). Rank 0 writes
-it; zero_kit.bench_report adds the predictions and comparisons."""
+it; zero_kit.bench.report adds the predictions and comparisons."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import os
 import platform
 from typing import Any
 
-from zero_kit.bench import BenchOptions
+from zero_kit.bench.options import BenchOptions
+from zero_kit.dist import local_world_size
 from zero_kit.metrics import CommCounter
 
 
@@ -66,7 +67,7 @@ def build_record(
     return {
         "strategy": strategy.name,
         "world_size": world,
-        "nnodes": world // _local_world(world),
+        "nnodes": world // local_world_size(world),
         "precision": opts.precision,
         "device": device.split(":")[0],
         "model": {
@@ -95,11 +96,6 @@ def build_record(
         "options": dataclasses.asdict(opts),
         **_environment(device),
     }
-
-
-def _local_world(world: int) -> int:
-    """Ranks on this node: torchrun sets LOCAL_WORLD_SIZE, the deepspeed launcher LOCAL_SIZE."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or world)
 
 
 def torch_device_name(device: str) -> str:

@@ -13,8 +13,8 @@ import resource
 from collections.abc import Iterator
 from pathlib import Path
 
-from zero_kit import checkpoint
 from zero_kit.errors import UserError
+from zero_kit.train import checkpoint
 
 PEFT_PREFIX = "base_model.model."
 DTYPES = ("fp32", "bf16", "fp16")

@@ -9,17 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-import torch.distributed as dist
 from transformers import TrainerCallback
 
-from zero_kit import checkpoint
+from zero_kit.dist import any_rank, barrier
+from zero_kit.train import checkpoint
 
 LOG_FILE = "train_log.jsonl"
-
-
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
 
 
 class ProgressCallback(TrainerCallback):
@@ -84,7 +79,7 @@ def _clock(seconds: float) -> str:
 
 class CompleteCheckpointCallback(TrainerCallback):
     """After the Trainer saved `checkpoint-N` on every rank: fsync, barrier, then rank 0 writes the manifest and
-    moves `latest_complete` (see zero_kit.checkpoint), then old complete checkpoints are rotated out."""
+    moves `latest_complete` (see zero_kit.train.checkpoint), then old complete checkpoints are rotated out."""
 
     def __init__(self, output_dir: Path, keep: int | None, run_info: dict):
         self.output_dir = output_dir
@@ -96,11 +91,11 @@ class CompleteCheckpointCallback(TrainerCallback):
         if state.is_world_process_zero:
             checkpoint.atomic_write_text(ckpt / checkpoint.RUN_INFO, json.dumps(self.run_info, indent=1) + "\n")
         checkpoint.fsync_tree(ckpt)
-        _barrier()
+        barrier()
         if state.is_world_process_zero:
             checkpoint.write_manifest(ckpt, step=state.global_step, world_size=args.world_size)
             checkpoint.rotate(self.output_dir, self.keep)
-        _barrier()
+        barrier()
 
 
 class SaveAtEndCallback(TrainerCallback):
@@ -126,18 +121,8 @@ class PreemptionCallback(TrainerCallback):
         self.requested = True
         print("zero-kit train: SIGTERM received, saving a checkpoint after this step", file=sys.stderr, flush=True)
 
-    def _anyone_requested(self) -> bool:
-        if not (dist.is_available() and dist.is_initialized()):
-            return self.requested
-        import torch
-
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
-
     def on_step_end(self, args, state, control, **kwargs):
-        if self._anyone_requested():
+        if any_rank(self.requested):
             self.stopped = True
             control.should_save = True
             control.should_training_stop = True

@@ -209,6 +209,6 @@ def finish(prepared: Prepared, encoded: list[Encoded], max_length: int) -> tuple
 
 
 def encode_row(row: Any, tokenizer, fmt: str, max_length: int) -> tuple[list[int], list[int]]:
-    """(input_ids, labels) for one row, or BadRow. `zero_kit.data` batches many rows the same way."""
+    """(input_ids, labels) for one row, or BadRow. `zero_kit.data.dataset` batches many rows the same way."""
     prepared = PREPARERS[fmt](row, tokenizer, specials(tokenizer))
     return finish(prepared, tokenize_texts(tokenizer, prepared.texts, fmt == "chat"), max_length)

@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from zero_kit.config.spec import ZeroSpec
 from zero_kit.errors import UserError
-from zero_kit.spec import ZeroSpec
 
 Offload = Literal["none", "cpu", "nvme"]
 

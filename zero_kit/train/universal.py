@@ -20,8 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from zero_kit import checkpoint
+from zero_kit.dist import any_rank
 from zero_kit.errors import UserError
+from zero_kit.train import checkpoint
 
 LATEST_UNIVERSAL = "latest_universal"
 FAILED_MARKER = ".universal_failed"
@@ -112,8 +113,6 @@ def prepare_resume(resume_from: Path | None, args) -> bool:
     saved = saved_world_size(resume_from)
     if saved is None or saved == args.world_size:
         return False
-    import torch.distributed as dist
-
     failure = None
     if args.process_index == 0:
         print(
@@ -130,7 +129,7 @@ def prepare_resume(resume_from: Path | None, args) -> bool:
     else:
         _wait_for_rank0(resume_from)
     try:
-        _agree_or_raise(failure, resume_from, dist)
+        _agree_or_raise(failure, resume_from)
     finally:
         if args.process_index == 0:  # every rank is past its wait once the agreement returned
             (resume_from / FAILED_MARKER).unlink(missing_ok=True)
@@ -152,16 +151,9 @@ def _wait_for_rank0(ckpt: Path) -> None:
         time.sleep(1.0)
 
 
-def _agree_or_raise(failure: Exception | None, ckpt: Path, dist) -> None:
+def _agree_or_raise(failure: Exception | None, ckpt: Path) -> None:
     """Every rank learns whether rank 0's conversion worked (no rank waits forever on a failed one)."""
-    ok = failure is None
-    if dist.is_available() and dist.is_initialized():
-        import torch
-
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        flag = torch.tensor([0 if ok else 1], dtype=torch.int32, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        ok = flag.item() == 0
+    ok = not any_rank(failure is not None)
     if isinstance(failure, UserError):
         raise failure
     if not ok:

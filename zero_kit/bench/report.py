@@ -1,6 +1,6 @@
 """Turn benchmark records into results.jsonl, a markdown table and PNG plots (matplotlib, Agg backend).
 
-Predicted model-state bytes come from `zero_kit.accounting.model_state_bytes` (the planner's one table of
+Predicted model-state bytes come from `zero_kit.plan.accounting.model_state_bytes` (the planner's one table of
 bytes per parameter), so measured and predicted sit side by side with the formula that produced the number.
 """
 
@@ -32,7 +32,7 @@ def predicted_state(record: dict[str, Any]) -> dict[str, Any] | None:
     """The planner's prediction for this run (all bytes: on CPU device and host memory are the same RAM), per
     rank in `all_ranks_total`: ZeRO-1/2 keep the gradients of the parameters at their partition's edges whole,
     so each rank gets its own exact figure from the model's parameter sizes (accounting.py)."""
-    from zero_kit.accounting import DTYPE_BYTES, model_state_bytes, zero12_edge_grad_bytes
+    from zero_kit.plan.accounting import DTYPE_BYTES, model_state_bytes, zero12_edge_grad_bytes
 
     name, offload = _ACCOUNTING.get(record["strategy"], (record["strategy"], False))
     world, precision = record["world_size"], record["precision"]

@@ -120,7 +120,8 @@ def lookup(config: Any, path: str, default: Any = None) -> Any:
 def lint(config: Any, context: LintContext | None = None) -> list[Problem]:
     """Every problem in `config` (a parsed DeepSpeed JSON), errors and warnings, in one list."""
     # The rule modules build on Problem and the helpers above, so they are imported here, not at the top.
-    from zero_kit import lint_rules, lint_schema
+    from zero_kit.lint import rules as lint_rules
+    from zero_kit.lint import schema as lint_schema
 
     context = context or LintContext()
     if not isinstance(config, dict):

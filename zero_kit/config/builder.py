@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from zero_kit.config.spec import ZeroSpec
 from zero_kit.errors import BatchSizeError, UserError
-from zero_kit.spec import ZeroSpec
 
 AUTO = "auto"
 

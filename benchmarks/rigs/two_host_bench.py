@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from zero_kit.bench import PROGRESS, BenchOptions
+from zero_kit.bench.options import PROGRESS, BenchOptions
 
 
 @dataclass(frozen=True)

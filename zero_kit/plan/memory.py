@@ -1,6 +1,6 @@
 """Memory model per GPU and per host for every way zero_kit can train a LLaMA-style model, and the
-recommendation of `zero-kit plan`. Pure arithmetic: model states come from `zero_kit.accounting` (the byte
-tables shared with the benchmark), buckets from `zero_kit.ds_config.bucket_sizes`; nothing is launched.
+recommendation of `zero-kit plan`. Pure arithmetic: model states come from `zero_kit.plan.accounting` (the byte
+tables shared with the benchmark), buckets from `zero_kit.config.builder.bucket_sizes`; nothing is launched.
 
 Each term is a (bytes, formula) pair so the CLI can print the number beside how it was computed.
 Stated constants (not measured on this machine, which has no GPU):
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from zero_kit.accounting import (
+from zero_kit.config.builder import bucket_sizes
+from zero_kit.plan.accounting import (
     DTYPE_BYTES,
     LlamaShape,
     lora_trainable_params,
     model_state_bytes,
     zero12_edge_grad_bytes,
 )
-from zero_kit.ds_config import bucket_sizes
 
 GIB = 2**30
 CUDA_CONTEXT_BYTES = 1 * GIB

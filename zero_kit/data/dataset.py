@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zero_kit.data_files import Rows, RowSource, read_source
-from zero_kit.data_formats import (
+from zero_kit.data.files import Rows, RowSource, read_source
+from zero_kit.data.formats import (
     ALPACA_PROMPT,
     ALPACA_PROMPT_WITH_INPUT,
     FORMATS,
@@ -60,7 +60,7 @@ __all__ = [
     "tokenize_dataset",
 ]
 
-ASSET_DATA = Path(__file__).resolve().parent / "assets" / "data"
+ASSET_DATA = Path(__file__).resolve().parents[1] / "assets" / "data"
 SKIP_HINT = "use --skip-bad to skip and count such rows"
 CHUNK_ROWS = 1000  # rows tokenized per batched call: fast, and memory stays bounded
 

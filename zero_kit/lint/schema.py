@@ -12,7 +12,8 @@ import copy
 import functools
 from typing import Any
 
-from zero_kit.ds_schema import (
+from zero_kit.lint.core import BATCH_KEYS, ROOT, Problem, did_you_mean, join, lookup
+from zero_kit.lint.discover import (
     deepspeed_parse,
     discover,
     optimizer_choices,
@@ -23,7 +24,6 @@ from zero_kit.ds_schema import (
     scheduler_parameters,
     unwrap_model,
 )
-from zero_kit.lint import BATCH_KEYS, ROOT, Problem, did_you_mean, join, lookup
 
 
 def _json_kind(value: Any) -> str:

@@ -3,11 +3,11 @@ option, the numbers and the fix, instead of a traceback minutes later in the mid
 
 Checked, all problems collected and reported at once:
 - the output directory can be created and written (a file in its place, a read-only mount, no permission);
-- its filesystem has room for one more checkpoint: the shared byte tables (zero_kit.accounting) give the
+- its filesystem has room for one more checkpoint: the shared byte tables (zero_kit.plan.accounting) give the
   parameters plus fp32 master and Adam moments DeepSpeed writes, summed over ranks (sharding splits the
   bytes over files, it does not remove them);
 - an NVMe offload path exists, is a directory and is writable;
-- host RAM holds the chosen CPU offload: the planner's per-node host model (zero_kit.plan.host_terms)
+- host RAM holds the chosen CPU offload: the planner's per-node host model (zero_kit.plan.memory.host_terms)
   against psutil's total RAM. ZERO_KIT_HOST_MEM_BYTES overrides the RAM figure (what-if runs, tests).
 """
 
@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from zero_kit.dist import local_world_size
 from zero_kit.errors import UserError
 
 HOST_MEM_ENV = "ZERO_KIT_HOST_MEM_BYTES"
@@ -89,7 +90,7 @@ def check_free_space(path: Path, need_bytes: int, what: str, flag: str) -> list[
 
 def checkpoint_bytes(n_params: int, precision: str, trainable_params: int | None = None) -> tuple[int, str]:
     """Bytes of one DeepSpeed checkpoint, all ranks together: weights + fp32 master + Adam moments."""
-    from zero_kit.accounting import model_state_bytes
+    from zero_kit.plan.accounting import model_state_bytes
 
     # At world size 1 the per-rank figures are the totals every sharded checkpoint also adds up to.
     states = model_state_bytes("zero2", n_params, 1, precision, trainable_params=trainable_params)
@@ -149,14 +150,14 @@ def check_host_ram(
     stage = (ds_config.get("zero_optimization") or {}).get("stage", 0)
     if offload is None or stage not in (1, 2, 3):
         return []
-    from zero_kit.plan import HOST_BASELINE_PER_RANK, Workload, state_terms
+    from zero_kit.plan.memory import HOST_BASELINE_PER_RANK, Workload, state_terms
 
     strategy = f"zero{stage}"
     if offload == "optimizer+param" and strategy != "zero3":
         offload = "optimizer"
     work = Workload(shape=shape, n_params=shape.n_params, precision=precision, lora_r=lora_r)
     _, offloaded, _ = state_terms(strategy, offload, work, local_ranks * nodes)
-    # The planner's host model (zero_kit.plan.host_terms) less its loading phase, whose fixed 5 GiB shard
+    # The planner's host model (zero_kit.plan.memory.host_terms) less its loading phase, whose fixed 5 GiB shard
     # would refuse tiny models: what the offload itself holds, pinned, plus each rank's baseline.
     ((states, formula),) = offloaded.values()
     terms = {
@@ -189,8 +190,8 @@ def raise_if_any(problems: list[Problem]) -> None:
 
 def model_shape(model_dir: str | None):
     """The LlamaShape of --model (or of the embedded default), from its config only: no weights are read."""
-    from zero_kit.accounting import shape_from_hf_config
     from zero_kit.model import build_config
+    from zero_kit.plan.accounting import shape_from_hf_config
 
     return shape_from_hf_config(build_config(model_dir).to_dict())
 
@@ -201,7 +202,7 @@ def run_preflight(opts, ds_config: dict, *, precision: str, local_ranks: int, no
     output = Path(opts.output)
     trainable = None
     if opts.lora_r is not None:
-        from zero_kit.plan import Workload
+        from zero_kit.plan.memory import Workload
 
         trainable = Workload(shape=shape, n_params=shape.n_params, lora_r=opts.lora_r).trainable_params
     need, formula = checkpoint_bytes(shape.n_params, precision, trainable)
@@ -260,6 +261,6 @@ def check_training_run(opts, ds_config: dict, args) -> None:
     """`run_preflight` for one rank of `zero-kit train` (args: its HF TrainingArguments): precision from the
     arguments, ranks per node from the launcher's LOCAL_WORLD_SIZE (else all ranks on this host)."""
     precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or args.world_size)
+    local_ranks = local_world_size(args.world_size)
     nodes = max(1, args.world_size // max(local_ranks, 1))
     run_preflight(opts, ds_config, precision=precision, local_ranks=local_ranks, nodes=nodes)

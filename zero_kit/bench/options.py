@@ -1,0 +1,55 @@
+"""Options of `zero-kit bench`: one dataclass field per flag, the docstring under a field is its `--help`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+PROGRESS = "[zk-bench]"
+"""Prefix of the progress lines rank 0 prints; the driver shows them and keeps the rest in the log."""
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    strategies: str = "ddp,fsdp,zero1,zero2,zero3"
+    """Comma-separated strategies: ddp, fsdp, zero0..zero3, zero2_offload, zero3_offload, and the DeepSpeed variants
+    zero1_reduce / zero2_reduce (per-owner reduce) and zero3_release (re-gather in backward)."""
+    nproc: int = 2
+    """Ranks (processes) per run; on CPU each is one process using gloo."""
+    model: str = "tiny"
+    """tiny (the embedded LLaMA-architecture default) or a local HF model DIR (its config, random init)."""
+    hidden_size: int | None = None
+    """Override the tiny model's hidden size (benchmark size knob)."""
+    layers: int | None = None
+    """Override the tiny model's number of layers."""
+    vocab_size: int = 2048
+    """Vocabulary size of the tiny model (synthetic tokens are drawn below it)."""
+    seq_len: int = 128
+    """Tokens per row."""
+    micro_batch: int = 2
+    """Rows per rank per micro step."""
+    grad_accum: int = 1
+    """Micro steps per optimizer step (no_sync / set_requires_gradient_sync / DeepSpeed boundary)."""
+    steps: int = 20
+    """Optimizer steps per run (losses recorded for every one)."""
+    warmup: int = 3
+    """Steps excluded from timing and byte counting."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """fp32 for exact parity on CPU; bf16 on GPUs (DeepSpeed bf16 / FSDP2 MixedPrecisionPolicy / DDP autocast)."""
+    lr: float = 1e-3
+    """AdamW learning rate; high because the tiny model trains from scratch (the loss curve must move)."""
+    grad_clip: float = 1.0
+    """Clip gradients to this global norm in every strategy (0 disables)."""
+    seed: int = 0
+    """Seed of the initial weights and of the synthetic data; identical for every strategy."""
+    compile: bool = False
+    """torch.compile the model in every strategy."""
+    ds_comms_log: bool = False
+    """Also record DeepSpeed's own comms logger in ZeRO runs (a cross-check of the byte counter; it synchronizes
+    after every collective, so leave it off for GPU timings)."""
+    out: str = "bench_out"
+    """Output directory: results.jsonl, table.md, PNG plots, logs/."""
+    master_port: int = 29700
+    """First rendezvous port; strategy i uses master_port + i."""
+    timeout: int = 600
+    """Seconds allowed per strategy run before it is killed and reported failed."""

@@ -1,0 +1,132 @@
+"""Where this process runs and how a rank lives and ends: the one place that reads the launcher's environment.
+
+`deepspeed`, `torchrun` and `accelerate launch` all export RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR /
+MASTER_PORT to each rank; SLURM's srun exports SLURM_PROCID / SLURM_NTASKS instead, which we translate.
+torch is imported inside the functions that need it, so CLI commands that never start ranks stay fast.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+WORLD_SIZE_ENV = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+"""Where launchers put the number of ranks, in the order they are trusted."""
+
+
+def under_launcher(env: dict[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return "WORLD_SIZE" in env and "RANK" in env
+
+
+def world_size_from_env(environ: dict[str, str]) -> tuple[int | None, str]:
+    """The launcher's world size and the variable it came from, (None, "") when no launcher set one.
+
+    Raises ValueError naming the variable when it holds something other than a positive integer."""
+    for name in WORLD_SIZE_ENV:
+        raw = environ.get(name, "").strip()
+        if raw:
+            if not raw.isdigit() or int(raw) < 1:
+                raise ValueError(f"{name}={raw!r} is not a positive integer")
+            return int(raw), name
+    return None, ""
+
+
+def local_world_size(default: int) -> int:
+    """Ranks on this node: torchrun sets LOCAL_WORLD_SIZE, the deepspeed launcher LOCAL_SIZE."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or default)
+
+
+def slurm_to_torch_env(env: dict[str, str]) -> dict[str, str]:
+    """srun started one task per rank: derive the torch.distributed variables from SLURM's (empty otherwise)."""
+    if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env or under_launcher(env):
+        return {}
+    return {
+        "RANK": env["SLURM_PROCID"],
+        "WORLD_SIZE": env["SLURM_NTASKS"],
+        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+        "MASTER_ADDR": env.get("MASTER_ADDR", "127.0.0.1"),
+        "MASTER_PORT": env.get("MASTER_PORT", "29500"),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def single_process_env(port: int) -> dict[str, str]:
+    """A world of one, so DeepSpeed and the Trainer need no launcher for a job started without one."""
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def device_and_backend() -> tuple[str, str]:
+    """This rank's device and process-group backend: its own GPU and NCCL, or the CPU and gloo."""
+    import torch
+
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return f"cuda:{local}", "nccl"
+    return "cpu", "gloo"
+
+
+def initialized() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def barrier() -> None:
+    """All ranks meet (no-op without a process group)."""
+    import torch.distributed as dist
+
+    if initialized():
+        dist.barrier()
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when `flag` is true on at least one (a MAX all-reduce; just `flag` without a group)."""
+    if not initialized():
+        return flag
+    import torch
+    import torch.distributed as dist
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces only CUDA tensors
+    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
+
+
+def end_process_group(finished: bool) -> None:
+    """Destroy the default process group, if any. After a finished run the ranks meet once more first, so none
+    tears down (or exits, which makes the `deepspeed` launcher kill the rest) while another still talks to it;
+    after a failure they do not wait for each other."""
+    import torch.distributed as dist
+
+    if initialized():
+        if finished:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def is_multi_rank_process() -> bool:
+    """This process is one rank of a multi-rank job and has torch loaded."""
+    return "torch" in sys.modules and under_launcher() and int(os.environ["WORLD_SIZE"] or 1) > 1
+
+
+def exit_rank(code: int):
+    """A rank whose work is done and saved leaves with os._exit, flushing its output first.
+
+    Interpreter teardown runs C++ destructors of gloo/DeepSpeed objects while the other ranks are gone
+    or being killed by the launcher (which terminates every rank once one exits non-zero, e.g. 75 after
+    preemption); now and then that aborts (SIGABRT, "terminate called without an active exception") and
+    the launcher then reports -6 instead of the rank's real exit code."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

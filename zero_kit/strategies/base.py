@@ -1,0 +1,84 @@
+"""The interface every backend implements (and the few helpers the native backends share): wrap a model,
+forward + backward one micro batch (gradient accumulation the way the backend intends), step, and report the
+bytes of parameters, gradients and optimizer state this rank really holds (read from the live tensors)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StrategyOptions:
+    """What a backend needs to wrap a model; narrow on purpose (no whole benchmark config)."""
+
+    precision: str
+    micro_batch: int
+    grad_accum: int
+    world_size: int
+    device: str
+    lr: float
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    compile: bool = False
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    params: int
+    grads: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+    def as_dict(self) -> dict[str, int]:
+        return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer, "total": self.total}
+
+
+class Strategy:
+    """Base of every backend. Call order per optimizer step: `forward_backward(batch, last=False)` for each
+    accumulation micro step, `forward_backward(batch, last=True)` for the final one, `grad_bytes()` (optional,
+    grads are complete here), then `step()`."""
+
+    name: str = ""
+
+    def forward_backward(self, batch: dict[str, Any], last: bool) -> float:
+        raise NotImplementedError
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def grad_bytes(self) -> int:
+        raise NotImplementedError
+
+    def param_and_optimizer_bytes(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def notes(self) -> str:
+        """How the bytes were read (goes into the record)."""
+        return ""
+
+
+def make_optimizer(params, options: StrategyOptions):
+    """The same AdamW for every backend (eager, foreach=False) so fp32 losses agree across strategies."""
+    import torch
+
+    return torch.optim.AdamW(
+        params, lr=options.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=options.weight_decay, foreach=False
+    )
+
+
+def clip_and_step(module, optimizer, grad_clip: float, *, set_to_none: bool) -> None:
+    """The native backends' optimizer step: clip the global grad norm (FSDP2's DTensor grads included), step, zero."""
+    import torch
+
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(module.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=set_to_none)
+
+
+def optimizer_state_tensors(optimizer) -> list:
+    return [v for state in optimizer.state.values() for v in state.values() if hasattr(v, "untyped_storage")]
