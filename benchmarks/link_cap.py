@@ -20,7 +20,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.rigs.two_host_bench import _print, run_two_hosts, two_hosts  # noqa: E402
-
 from zero_kit.bench import BenchOptions  # noqa: E402
 
 

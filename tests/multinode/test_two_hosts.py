@@ -10,8 +10,8 @@ import shutil
 import subprocess
 
 import pytest
-from benchmarks.rigs.two_host_bench import run_two_hosts, two_hosts
 
+from benchmarks.rigs.two_host_bench import run_two_hosts, two_hosts
 from zero_kit.bench import BenchOptions, run_bench
 
 pytestmark = pytest.mark.multinode
