@@ -14,82 +14,19 @@ trainer.train()
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
-from zero_kit.errors import UserError
-from zero_kit.train.options import TrainOptions, check_options, zero_spec
+from zero_kit.train.options import TrainOptions
+from zero_kit.train.trainer_config import trainer_ds_config
 
 
 def deepspeed_config(**options: Any) -> dict:
     """The DeepSpeed dict for `TrainingArguments(deepspeed=...)`, from the same options as `zero-kit train`
     (e.g. `stage=3, offload_optimizer="cpu"`, or `ds_config="my.json"` to lint and load a file)."""
     return trainer_ds_config(TrainOptions(**options))
-
-
-def adopt_file_values(opts: TrainOptions, config: dict) -> TrainOptions:
-    """With --ds-config, concrete numbers in the file win over flags left at their defaults: the HF Trainer
-    refuses a config whose batch or optimizer values differ from its own arguments."""
-    import dataclasses
-
-    defaults = TrainOptions()
-    params = config.get("optimizer", {}).get("params", {}) if isinstance(config.get("optimizer"), dict) else {}
-    sources = {
-        "micro_batch": config.get("train_micro_batch_size_per_gpu"),
-        "grad_accum": config.get("gradient_accumulation_steps"),
-        "lr": params.get("lr"),
-        "weight_decay": params.get("weight_decay"),
-        "gradient_clipping": config.get("gradient_clipping"),
-    }
-    concrete = {k: v for k, v in sources.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    given = {k: v for k, v in concrete.items() if getattr(opts, k) != getattr(defaults, k)}
-    conflicts = [
-        f"--{k.replace('_', '-')} {getattr(opts, k)} vs {v} in the file"
-        for k, v in given.items()
-        if getattr(opts, k) != v
-    ]
-    if conflicts:
-        raise UserError(
-            f"--ds-config {opts.ds_config} sets values that differ from the flags: {'; '.join(conflicts)}",
-            'drop those flags, or write "auto" in the file so the flags decide',
-        )
-    return dataclasses.replace(opts, **{k: v for k, v in concrete.items() if k not in given})
-
-
-def trainer_ds_config(opts: TrainOptions) -> dict:
-    """Generated from `--stage` and friends ("auto" values, filled by the Trainer), or the linted `--ds-config`."""
-    check_options(opts)
-    if opts.ds_config is None:
-        from zero_kit.config.builder import build_ds_config
-
-        return build_ds_config(zero_spec(opts))
-    return _load_and_lint(Path(opts.ds_config))
-
-
-def _load_and_lint(path: Path) -> dict:
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise UserError(f"--ds-config {path}: cannot read it ({err.strerror})", "give an existing JSON file") from err
-    except ValueError as err:
-        raise UserError(f"--ds-config {path}: not valid JSON ({err})", "check it with `zero-kit validate`") from err
-    if not isinstance(config, dict):
-        raise UserError(f"--ds-config {path}: the top level must be a JSON object", "see ds_configs/ for examples")
-    errors = [p for p in _lint(config) if getattr(p, "severity", "error") == "error"]
-    if errors:
-        lines = "\n".join(f"  {p}" for p in errors)
-        raise UserError(f"--ds-config {path} has {len(errors)} error(s) for the HF Trainer:\n{lines}", "fix them first")
-    return config
-
-
-def _lint(config: dict) -> list:
-    from zero_kit.lint.core import LintContext, lint
-
-    return lint(config, LintContext(target="hf-trainer"))
 
 
 class ThroughputCallback(TrainerCallback):

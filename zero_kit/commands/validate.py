@@ -17,7 +17,6 @@ from typing import Any
 from zero_kit.errors import UserError
 from zero_kit.options import add_dataclass_arguments
 
-WORLD_SIZE_ENV = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
 EXIT_OK, EXIT_ERRORS, EXIT_UNREADABLE = 0, 1, 2
 
 
@@ -43,106 +42,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def world_size_from(flag: int | None, environ: dict[str, str]) -> tuple[int | None, str]:
     """The world size and where it came from: the flag first, then the launcher's environment."""
+    from zero_kit.dist import world_size_from_env
+
     if flag is not None:
         if flag < 1:
             raise UserError(f"--world-size must be >= 1, got {flag}", "pass the number of data-parallel ranks")
         return flag, "--world-size"
-    for name in WORLD_SIZE_ENV:
-        raw = environ.get(name, "").strip()
-        if raw:
-            if not raw.isdigit() or int(raw) < 1:
-                raise UserError(f"{name}={raw!r} is not a positive integer", f"unset {name} or pass --world-size N")
-            return int(raw), name
-    return None, ""
-
-
-class Unreadable(Exception):
-    """A file that is missing or not JSON: message plus line/column when known."""
-
-    def __init__(self, message: str, line: int | None = None, column: int | None = None) -> None:
-        super().__init__(message)
-        self.line, self.column = line, column
-
-
-def _no_duplicates(duplicates: list[str]):
-    def hook(pairs: list[tuple[str, Any]]) -> dict:
-        seen: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in seen:
-                duplicates.append(key)
-            seen[key] = value
-        return seen
-
-    return hook
-
-
-MAX_DEPTH = 100
-"""Deeper nesting than any DeepSpeed config has; refused before Python's JSON parser hits its recursion limit."""
-
-
-def _line_col(text: str, offset: int) -> tuple[int, int]:
-    line = text.count("\n", 0, offset) + 1
-    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
-
-
-def _too_deep(text: str) -> int | None:
-    """Offset where brackets nest deeper than MAX_DEPTH (strings skipped), or None."""
-    depth, in_string, escaped = 0, False, False
-    for offset, char in enumerate(text):
-        if in_string:
-            escaped, in_string = (not escaped and char == "\\"), in_string and (escaped or char != '"')
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                return offset
-        elif char in "]}":
-            depth -= 1
-    return None
-
-
-def read_config(path: str) -> tuple[Any, list[str]]:
-    """The parsed JSON and the keys that appeared twice in one object (DeepSpeed refuses those)."""
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except FileNotFoundError:
-        raise Unreadable("no such file") from None
-    except OSError as err:
-        raise Unreadable(f"cannot read: {err.strerror or err}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        before = raw[: err.start].decode("utf-8", "replace")
-        line, column = _line_col(before, len(before))
-        raise Unreadable("not UTF-8 text (save the file as UTF-8)", line, column) from None
-    deep = _too_deep(text)
-    if deep is not None:
-        raise Unreadable(f"invalid JSON: nested deeper than {MAX_DEPTH} levels", *_line_col(text, deep))
-    duplicates: list[str] = []
-    try:
-        return json.loads(text, object_pairs_hook=_no_duplicates(duplicates)), duplicates
-    except json.JSONDecodeError as err:
-        raise Unreadable(f"invalid JSON: {err.msg}", err.lineno, err.colno) from None
+        return world_size_from_env(environ)
+    except ValueError as err:
+        raise UserError(str(err), "unset it or pass --world-size N") from None
 
 
 def _lint_file(path: str, context) -> list[dict[str, Any]]:
-    from zero_kit.lint.core import Problem, lint
+    from zero_kit.lint import lint_file
 
-    config, duplicates = read_config(path)
-    problems = [
-        Problem(
-            "error", key, None, f"key {key!r} appears twice in one object; DeepSpeed refuses duplicates", "keep one"
-        )
-        for key in duplicates
-    ]
-    problems += lint(config, context)
+    _, problems = lint_file(path, context)
     return [{"file": path, **p.to_dict()} for p in problems]
 
 
 def _print_text(path: str, problems: list[dict[str, Any]]) -> None:
-    from zero_kit.lint.core import Problem
+    from zero_kit.lint import Problem
 
     errors = sum(p["severity"] == "error" for p in problems)
     warnings = len(problems) - errors
@@ -162,7 +82,7 @@ def _json_safe(value: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zero_kit.lint.core import LintContext
+    from zero_kit.lint import LintContext, Unreadable
 
     world_size, source = world_size_from(args.world_size, dict(os.environ))
     context = LintContext(world_size=world_size, world_size_source=source, target=args.target)
@@ -172,8 +92,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             problems = _lint_file(path, context)
         except Unreadable as err:
-            where = f":{err.line}:{err.column}" if err.line else ""
-            print(f"zero-kit validate: error: {path}{where}: {err}", file=sys.stderr)
+            print(f"zero-kit validate: error: {err.where(path)}: {err}", file=sys.stderr)
             everything.append(
                 {"file": path, "severity": "error", "line": err.line, "column": err.column, "message": str(err)}
             )

@@ -1,0 +1,41 @@
+"""Lint DeepSpeed configs before launch: the strict reader (`read_config`), the rules (`lint`), and
+`load_checked`, which every entry point that takes a config file from a user goes through."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from zero_kit.errors import UserError
+from zero_kit.lint.core import lint
+from zero_kit.lint.problem import LintContext, Problem, Target
+from zero_kit.lint.reader import Unreadable, read_config
+
+__all__ = ["LintContext", "Problem", "Target", "Unreadable", "lint", "lint_file", "load_checked", "read_config"]
+
+
+def lint_file(path: str | Path, context: LintContext) -> tuple[Any, list[Problem]]:
+    """The config in `path` and every problem in it: duplicate keys first, then the rules. Raises Unreadable."""
+    config, problems = read_config(path)
+    return config, problems + lint(config, context)
+
+
+def load_checked(path: str | Path, context: LintContext, flag: str) -> dict:
+    """The config in `path` for a run, or a UserError listing every error exactly as `zero-kit validate` does
+    (warnings pass). `flag` names where the path came from, e.g. "--ds-config"."""
+    try:
+        config, problems = lint_file(path, context)
+    except Unreadable as err:
+        where = err.where(str(path))
+        if err.syntax:
+            fix = f"check it with `zero-kit validate {path}`"
+            raise UserError(f"{flag} {where}: not valid JSON ({err.syntax})", fix) from None
+        raise UserError(f"{flag} {where}: cannot read it ({err})", "give an existing UTF-8 JSON file") from None
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        lines = "\n".join("  " + str(p).replace("\n", "\n  ") for p in errors)
+        raise UserError(
+            f"{flag} {path} has {len(errors)} error(s) for {context.target}:\n{lines}",
+            f"fix them (zero-kit validate {path} --for {context.target} shows them with warnings too)",
+        )
+    return config

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from zero_kit.lint.core import BATCH_KEYS, ROOT, LintContext, Problem, Target, did_you_mean, is_number, join, lookup
 from zero_kit.lint.discover import discover, dtype_names, hf_trainer_auto_keys
+from zero_kit.lint.problem import BATCH_KEYS, ROOT, LintContext, Problem, Target, did_you_mean, is_number, join, lookup
 
 
 def auto_rules(autos: list[str], dropped: dict[str, Any], target: Target) -> list[Problem]:

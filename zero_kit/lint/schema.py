@@ -12,7 +12,6 @@ import copy
 import functools
 from typing import Any
 
-from zero_kit.lint.core import BATCH_KEYS, ROOT, Problem, did_you_mean, join, lookup
 from zero_kit.lint.discover import (
     deepspeed_parse,
     discover,
@@ -24,6 +23,7 @@ from zero_kit.lint.discover import (
     scheduler_parameters,
     unwrap_model,
 )
+from zero_kit.lint.problem import BATCH_KEYS, ROOT, Problem, did_you_mean, join, lookup
 
 
 def _json_kind(value: Any) -> str:

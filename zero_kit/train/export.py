@@ -94,12 +94,19 @@ def _run_info(checkpoint_dir: Path) -> dict:
             f"{checkpoint_dir}: incomplete checkpoint (no {checkpoint.MANIFEST} or files missing: a save was cut short)",
             f"export the checkpoint named in {checkpoint_dir.parent / checkpoint.POINTER}",
         )
+    from zero_kit.lint import Unreadable, read_config
+
+    path = checkpoint_dir / checkpoint.RUN_INFO
     try:
-        return json.loads((checkpoint_dir / checkpoint.RUN_INFO).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
+        info, duplicates = read_config(path)
+    except Unreadable as err:
         raise UserError(
-            f"{checkpoint_dir}: cannot read {checkpoint.RUN_INFO} ({err})", "re-save the checkpoint"
-        ) from err
+            f"{checkpoint_dir}: cannot read {err.where(checkpoint.RUN_INFO)} ({err})", "re-save the checkpoint"
+        ) from None
+    if duplicates:  # the record says how to rebuild the model: an ambiguous one must not pick silently
+        lines = "\n".join("  " + str(p).replace("\n", "\n  ") for p in duplicates)
+        raise UserError(f"{path} has {len(duplicates)} error(s):\n{lines}", "keep one entry of each key")
+    return info
 
 
 def _lazy_state_dict(checkpoint_dir: Path) -> dict:

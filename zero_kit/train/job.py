@@ -44,7 +44,7 @@ def run_train(opts: TrainOptions) -> int:
 
 
 def _run_rank(opts: TrainOptions) -> int:
-    from zero_kit.hf import adopt_file_values, trainer_ds_config
+    from zero_kit.train.trainer_config import adopt_file_values, trainer_ds_config
 
     output = Path(opts.output)
     ds_config = trainer_ds_config(opts)
