@@ -21,3 +21,15 @@ class UserError(Exception):
 
 class BatchSizeError(UserError):
     """The batch triple (micro batch, gradient accumulation, global batch) cannot hold at this world size."""
+
+
+def raise_all(problems: list[UserError], when: str) -> None:
+    """Report every problem at once, each with its own fix (a user fixes five mistakes in one round, not five).
+    `when` says where they were found, e.g. "before training"."""
+    if not problems:
+        return
+    if len(problems) == 1:
+        raise problems[0]
+    lines = [f"{len(problems)} problems {when}:"]
+    lines += [f"  - {p.message}\n    fix: {p.fix}" if p.fix else f"  - {p.message}" for p in problems]
+    raise UserError("\n".join(lines), "fix each problem above")

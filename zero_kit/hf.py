@@ -19,14 +19,16 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from zero_kit.train.options import TrainOptions
+from zero_kit.train.options import TrainOptions, check_options
 from zero_kit.train.trainer_config import trainer_ds_config
 
 
 def deepspeed_config(**options: Any) -> dict:
     """The DeepSpeed dict for `TrainingArguments(deepspeed=...)`, from the same options as `zero-kit train`
     (e.g. `stage=3, offload_optimizer="cpu"`, or `ds_config="my.json"` to lint and load a file)."""
-    return trainer_ds_config(TrainOptions(**options))
+    opts = TrainOptions(**options)
+    check_options(opts)
+    return trainer_ds_config(opts)
 
 
 class ThroughputCallback(TrainerCallback):

@@ -15,8 +15,14 @@ VENV_BIN = Path(sys.executable).parent
 FAST = ["--max-length", "64", "--micro-batch", "2", "--log-steps", "1"]
 
 
+PROBE_SITE = Path(__file__).with_name("probe")  # sitecustomize: the logits probe, see there
+
+
 def env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **extra}
+    base = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    if "ZERO_KIT_PROBE_LOGITS" in extra:
+        base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROBE_SITE), os.environ.get("PYTHONPATH")]))
+    return {**base, **extra}
 
 
 def run(cmd: list[str], *, timeout: int = 240, extra_env: dict | None = None) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zero_kit.cli import main
-from zero_kit.lint.core import LintContext, lint
+from zero_kit.lint import LintContext, lint
 from zero_kit.lint.discover import deepspeed_parse
 
 STATS = {"cases": 0, "accepted": 0, "parsed_by_deepspeed": 0, "generator_gaps": 0}

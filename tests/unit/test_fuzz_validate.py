@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zero_kit.cli import main
-from zero_kit.lint.core import LintContext, lint
+from zero_kit.lint import LintContext, lint
 from zero_kit.lint.discover import deepspeed_parse, discover
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "configs"

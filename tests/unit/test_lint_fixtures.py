@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from zero_kit.lint.core import LintContext, lint
+from zero_kit.lint import LintContext, lint
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "configs"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
-from zero_kit.lint.core import LintContext, join, lint
+from zero_kit.lint import LintContext, lint
+from zero_kit.lint.problem import join
 from zero_kit.lint.discover import deepspeed_parse, discover, hf_trainer_auto_keys, optimizer_parameters
 
 

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from zero_kit.lint.core import LintContext, Problem, lint
+from zero_kit.lint import LintContext, Problem, lint
 
 BASE = {
     "train_batch_size": 16,

@@ -38,7 +38,7 @@ class BenchOptions:
     """fp32 for exact parity on CPU; bf16 on GPUs (DeepSpeed bf16 / FSDP2 MixedPrecisionPolicy / DDP autocast)."""
     lr: float = 1e-3
     """AdamW learning rate; high because the tiny model trains from scratch (the loss curve must move)."""
-    grad_clip: float = 1.0
+    gradient_clipping: float = 1.0
     """Clip gradients to this global norm in every strategy (0 disables)."""
     seed: int = 0
     """Seed of the initial weights and of the synthetic data; identical for every strategy."""

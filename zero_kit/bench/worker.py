@@ -154,7 +154,7 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
             world_size=dist.get_world_size(),
             device=device,
             lr=opts.lr,
-            grad_clip=opts.grad_clip,
+            gradient_clipping=opts.gradient_clipping,
             compile=opts.compile,
         )
         strategy = build_strategy(strategy_name, model, options)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zero_kit.config.spec import ZeroSpec
-from zero_kit.errors import BatchSizeError, UserError
+from zero_kit.errors import BatchSizeError, UserError, raise_all
 
 AUTO = "auto"
 
@@ -111,7 +111,7 @@ def bucket_sizes(hidden_size: int) -> dict[str, int]:
     }
 
 
-def _check_numbers(spec: ZeroSpec) -> None:
+def _number_problems(spec: ZeroSpec) -> list[UserError]:
     """Counts must be positive integers and rates finite, before any arithmetic uses them."""
     counts = {
         "--micro-batch": spec.micro_batch,
@@ -122,52 +122,74 @@ def _check_numbers(spec: ZeroSpec) -> None:
         "--gpus-per-node": spec.gpus_per_node,
         "--hidden-size": spec.hidden_size,
     }
-    for flag, value in counts.items():
-        if value is not None and value < 1:
-            raise UserError(
-                f"{flag} must be a positive integer, got {value}", f"pass {flag} 1 or more, or leave it out"
-            )
-    for flag, value, low in (("--lr", spec.lr, 0.0), ("--weight-decay", spec.weight_decay, 0.0)):
-        if not math.isfinite(value) or value < low:
-            raise UserError(
-                f"{flag} must be a finite number >= {low:g}, got {value}", f"pass a value such as {flag} 0.01"
+    problems = [
+        UserError(f"{flag} must be a positive integer, got {value}", f"pass {flag} 1 or more, or leave it out")
+        for flag, value in counts.items()
+        if value is not None and value < 1
+    ]
+    for flag, value in (("--lr", spec.lr), ("--weight-decay", spec.weight_decay)):
+        if not math.isfinite(value) or value < 0:
+            problems.append(
+                UserError(f"{flag} must be a finite number >= 0, got {value}", f"pass a value such as {flag} 0.01")
             )
     if not math.isfinite(spec.gradient_clipping) or spec.gradient_clipping < 0:
-        raise UserError(
-            f"--gradient-clipping must be a finite number >= 0, got {spec.gradient_clipping}",
-            "pass --gradient-clipping 1.0, or 0 to disable clipping",
+        problems.append(
+            UserError(
+                f"--gradient-clipping must be a finite number >= 0, got {spec.gradient_clipping}",
+                "pass --gradient-clipping 1.0, or 0 to disable clipping",
+            )
         )
+    return problems
 
 
-def check_spec(spec: ZeroSpec) -> None:
-    """Refuse option combinations DeepSpeed would reject or silently ignore, naming the flags."""
-    _check_numbers(spec)
-    if spec.stage not in (0, 1, 2, 3):
-        raise UserError(f"--stage must be 0, 1, 2 or 3, got {spec.stage}", "pick a ZeRO stage from 0 to 3")
+def _offload_problems(spec: ZeroSpec) -> list[UserError]:
+    """Offload choices DeepSpeed would reject or silently ignore at this stage."""
+    problems = []
     if spec.offload_param != "none" and spec.stage != 3:
-        raise UserError(
-            f"--offload-param {spec.offload_param} needs --stage 3 (got --stage {spec.stage}): only ZeRO-3 partitions"
-            " parameters",
-            "use --stage 3, or drop --offload-param",
+        problems.append(
+            UserError(
+                f"--offload-param {spec.offload_param} needs --stage 3 (got --stage {spec.stage}): only ZeRO-3"
+                " partitions parameters",
+                "use --stage 3, or drop --offload-param",
+            )
         )
     if spec.offload_optimizer != "none" and spec.stage == 0:
-        raise UserError(
-            f"--offload-optimizer {spec.offload_optimizer} needs --stage 1 or more (got --stage 0)",
-            "use --stage 1, 2 or 3, or drop --offload-optimizer",
+        problems.append(
+            UserError(
+                f"--offload-optimizer {spec.offload_optimizer} needs --stage 1 or more (got --stage 0)",
+                "use --stage 1, 2 or 3, or drop --offload-optimizer",
+            )
         )
     if spec.offload_optimizer == "nvme" and spec.stage != 3:
-        raise UserError(
-            f"--offload-optimizer nvme needs --stage 3 (got --stage {spec.stage}); stages 1-2 offload to cpu only",
-            "use --stage 3, or --offload-optimizer cpu",
+        problems.append(
+            UserError(
+                f"--offload-optimizer nvme needs --stage 3 (got --stage {spec.stage}); stages 1-2 offload to cpu only",
+                "use --stage 3, or --offload-optimizer cpu",
+            )
         )
     uses_nvme = "nvme" in (spec.offload_optimizer, spec.offload_param)
     if uses_nvme and not spec.nvme_path:
-        raise UserError("NVMe offload needs --nvme-path DIR", "pass --nvme-path pointing at a local NVMe directory")
-    if spec.nvme_path and not uses_nvme:
-        raise UserError(
-            "--nvme-path is only used with --offload-optimizer nvme or --offload-param nvme",
-            "drop --nvme-path, or choose nvme offload",
+        problems.append(
+            UserError("NVMe offload needs --nvme-path DIR", "pass --nvme-path pointing at a local NVMe directory")
         )
+    if spec.nvme_path and not uses_nvme:
+        problems.append(
+            UserError(
+                "--nvme-path is only used with --offload-optimizer nvme or --offload-param nvme",
+                "drop --nvme-path, or choose nvme offload",
+            )
+        )
+    return problems
+
+
+def check_spec(spec: ZeroSpec) -> None:
+    """Refuse option combinations DeepSpeed would reject or silently ignore, naming the flags: every problem at once."""
+    problems = _number_problems(spec)
+    if spec.stage not in (0, 1, 2, 3):
+        problems.append(UserError(f"--stage must be 0, 1, 2 or 3, got {spec.stage}", "pick a ZeRO stage from 0 to 3"))
+    else:
+        problems += _offload_problems(spec)
+    raise_all(problems, "in the config options")
 
 
 def _offload(device: str, spec: ZeroSpec) -> dict[str, Any]:

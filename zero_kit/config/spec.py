@@ -7,19 +7,30 @@ from dataclasses import dataclass
 from typing import Literal
 
 Offload = Literal["none", "cpu", "nvme"]
+"""Where ZeRO puts what it offloads: nowhere, host RAM, or an NVMe directory (the one offload vocabulary)."""
 Precision = Literal["bf16", "fp16", "fp32"]
 
 
 @dataclass(frozen=True)
-class ZeroSpec:
-    stage: Literal[0, 1, 2, 3] = 2
-    """ZeRO stage: 0 plain data parallel, 1 shards optimizer state, 2 also gradients, 3 also parameters."""
+class ZeroOptions:
+    """The options `zero-kit config` and `zero-kit train` share, with one name, one meaning and one help text."""
+
     offload_optimizer: Offload = "none"
     """Where optimizer state lives: cpu (stage >= 1) or nvme (stage 3 only) frees GPU memory at the cost of speed."""
     offload_param: Offload = "none"
     """Where parameters live between uses: cpu or nvme (stage 3 only)."""
     nvme_path: str | None = None
     """Directory on a fast local NVMe drive for NVMe offload (required with nvme)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    gradient_clipping: float = 1.0
+    """Clip gradients to this global norm (0 disables)."""
+
+
+@dataclass(frozen=True)
+class ZeroSpec(ZeroOptions):
+    stage: Literal[0, 1, 2, 3] = 2
+    """ZeRO stage: 0 plain data parallel, 1 shards optimizer state, 2 also gradients, 3 also parameters."""
     pin_memory: bool = True
     """Pin (page-lock) host buffers used by offload: faster copies, but counts against host RAM."""
     precision: Precision = "bf16"
@@ -42,7 +53,3 @@ class ZeroSpec:
     """Write "auto" for every value the Hugging Face Trainer fills itself (batch sizes, lr, precision, buckets)."""
     lr: float = 2e-5
     """Learning rate of the AdamW optimizer written into the config (not used with --hf-auto)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay written into the config (not used with --hf-auto)."""
-    gradient_clipping: float = 1.0
-    """Clip gradients to this global norm (0 disables)."""

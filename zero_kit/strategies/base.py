@@ -19,7 +19,7 @@ class StrategyOptions:
     device: str
     lr: float
     weight_decay: float = 0.0
-    grad_clip: float = 1.0
+    gradient_clipping: float = 1.0
     compile: bool = False
 
 
@@ -70,12 +70,12 @@ def make_optimizer(params, options: StrategyOptions):
     )
 
 
-def clip_and_step(module, optimizer, grad_clip: float, *, set_to_none: bool) -> None:
+def clip_and_step(module, optimizer, gradient_clipping: float, *, set_to_none: bool) -> None:
     """The native backends' optimizer step: clip the global grad norm (FSDP2's DTensor grads included), step, zero."""
     import torch
 
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(module.parameters(), grad_clip)
+    if gradient_clipping > 0:
+        torch.nn.utils.clip_grad_norm_(module.parameters(), gradient_clipping)
     optimizer.step()
     optimizer.zero_grad(set_to_none=set_to_none)
 

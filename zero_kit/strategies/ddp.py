@@ -43,7 +43,7 @@ class DDPStrategy(_Base):
 
     def step(self) -> None:
         clip_and_step(
-            self.module, self.optimizer, self.options.grad_clip, set_to_none=False
+            self.module, self.optimizer, self.options.gradient_clipping, set_to_none=False
         )  # keep the bucket views alive (set_to_none would drop them)
 
     def grad_bytes(self) -> int:

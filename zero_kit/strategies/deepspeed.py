@@ -37,7 +37,7 @@ def ds_config_for(options: StrategyOptions, stage: int, offload_optimizer: str, 
         offload_optimizer=offload_optimizer,
         lr=options.lr,
         weight_decay=options.weight_decay,
-        gradient_clipping=options.grad_clip,
+        gradient_clipping=options.gradient_clipping,
     )
     config = build_ds_config(spec)
     if offload_optimizer == "none":

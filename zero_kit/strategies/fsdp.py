@@ -42,7 +42,7 @@ class FSDPStrategy(_Base):
         return loss.item()
 
     def step(self) -> None:
-        clip_and_step(self.module, self.optimizer, self.options.grad_clip, set_to_none=True)
+        clip_and_step(self.module, self.optimizer, self.options.gradient_clipping, set_to_none=True)
 
     def grad_bytes(self) -> int:
         return storage_bytes(_local(p.grad) for p in self.module.parameters() if p.grad is not None)

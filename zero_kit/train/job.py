@@ -20,7 +20,6 @@ from zero_kit.train.options import EXIT_PREEMPTED, TrainOptions, check_options, 
 from zero_kit.train.relaunch import RELAUNCHED, relaunch
 
 FINAL_DIR = "final"
-PROBE_ENV = "ZERO_KIT_PROBE_LOGITS"  # tests: rank 0 saves the trained model's logits on a fixed batch here
 
 
 def run_train(opts: TrainOptions) -> int:
@@ -71,7 +70,6 @@ def _run_rank(opts: TrainOptions) -> int:
         if args.process_index == 0:
             print(f"zero-kit train: preempted; checkpoint saved, exit {EXIT_PREEMPTED}", file=sys.stderr)
         return EXIT_PREEMPTED
-    _probe_logits(trainer, dataset, collator)
     if opts.export:
         _export_final(output, args)
     return 0
@@ -293,30 +291,6 @@ def _trainer(opts, args, model, tokenizer, dataset, collator, output: Path, run_
     )
     trainer.remove_callback(PrinterCallback)  # our ProgressCallback prints the same, readably, on rank 0 only
     return trainer, preemption
-
-
-def _probe_logits(trainer, dataset, collator) -> None:
-    """Test hook: every rank runs the forward (ZeRO-3 gathers parameters), rank 0 saves the fp32 logits."""
-    path = os.environ.get(PROBE_ENV)
-    if not path:
-        return
-    import torch
-
-    batch = collator([dataset[0], dataset[1]])
-    engine = trainer.model_wrapped
-    engine.eval()
-    with torch.no_grad():
-        inputs = {k: v.to(trainer.args.device) for k, v in batch.items() if k in ("input_ids", "attention_mask")}
-        logits = engine(**inputs).logits.float().cpu()
-    if trainer.args.process_index == 0:
-        torch.save(
-            {
-                "input_ids": inputs["input_ids"].cpu(),
-                "attention_mask": inputs["attention_mask"].cpu(),
-                "logits": logits,
-            },
-            path,
-        )
 
 
 def _export_final(output: Path, args) -> None:

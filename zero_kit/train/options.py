@@ -10,10 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from zero_kit.config.spec import ZeroSpec
-from zero_kit.errors import UserError
-
-Offload = Literal["none", "cpu", "nvme"]
+from zero_kit.config.spec import ZeroOptions, ZeroSpec
+from zero_kit.errors import UserError, raise_all
 
 # Exit code of a run stopped by SIGTERM (SLURM preemption) after it saved a complete checkpoint:
 # EX_TEMPFAIL from sysexits.h, "try again later" -- relaunch with `--resume auto` to continue.
@@ -22,8 +20,8 @@ EXIT_PREEMPTED = 75
 DEFAULT_LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj"
 
 
-@dataclass
-class TrainOptions:
+@dataclass(frozen=True)
+class TrainOptions(ZeroOptions):
     model: str | None = None
     """Local Hugging Face model directory (LLaMA, Mistral or Qwen2 layout). Default: the embedded tiny LLaMA."""
     data: str | None = None
@@ -40,12 +38,6 @@ class TrainOptions:
     """An existing DeepSpeed JSON config (linted for the HF Trainer first). Excludes --stage and the offload flags."""
     stage: Literal[0, 1, 2, 3] | None = None
     """ZeRO stage of the generated config (default 2): 1 shards optimizer state, 2 also gradients, 3 also parameters."""
-    offload_optimizer: Offload = "none"
-    """Offload optimizer state to cpu or nvme (generated config only)."""
-    offload_param: Offload = "none"
-    """Offload parameters to cpu or nvme, stage 3 only (generated config only)."""
-    nvme_path: str | None = None
-    """NVMe directory for nvme offload."""
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     """Training precision. auto: bf16 on a GPU that supports it, else fp16 on GPU, fp32 on CPU."""
     micro_batch: int = 4
@@ -58,10 +50,6 @@ class TrainOptions:
     """Learning-rate schedule after warm-up."""
     warmup_steps: int = 0
     """Linear warm-up steps."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    gradient_clipping: float = 1.0
-    """Clip gradients to this global norm (0 disables)."""
     lora_r: int | None = None
     """LoRA rank: train low-rank adapters (peft) instead of all weights. Default: full fine-tuning."""
     lora_alpha: float | None = None
@@ -114,24 +102,35 @@ def options_to_argv(opts: TrainOptions, *, drop: tuple[str, ...] = ()) -> list[s
 
 
 def check_options(opts: TrainOptions) -> None:
-    """Every contradiction between flags, collected and reported at once."""
+    """Every contradiction between flags, collected and reported at once, each with its own fix."""
     problems = []
     generator_flags = opts.stage is not None or opts.offload_optimizer != "none" or opts.offload_param != "none"
     if opts.ds_config and generator_flags:
-        problems.append("--ds-config was given together with --stage/--offload-*: the file already decides those")
+        problems.append(
+            UserError(
+                "--ds-config was given together with --stage/--offload-*: the file already decides those",
+                "drop --stage/--offload-* (or --ds-config, to generate the config from the flags)",
+            )
+        )
     for name in ("micro_batch", "grad_accum", "max_length", "log_steps"):
         if getattr(opts, name) < 1:
-            problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
+            problems.append(_not_positive(name, getattr(opts, name)))
     for name in ("max_steps", "save_steps", "nproc", "lora_r", "save_total_limit"):
         value = getattr(opts, name)
         if value is not None and value < 1:
-            problems.append(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+            problems.append(_not_positive(name, value))
     if opts.lora_r is None and opts.lora_alpha is not None:
-        problems.append("--lora-alpha was given without --lora-r")
+        problems.append(UserError("--lora-alpha was given without --lora-r", "add --lora-r R, or drop --lora-alpha"))
     if opts.resume in ("", None):
-        problems.append("--resume must be auto, never or a checkpoint directory")
-    if problems:
-        raise UserError("; ".join(problems), "fix the flags above (zero-kit train --help lists them all)")
+        problems.append(
+            UserError("--resume is empty", "pass --resume auto, --resume never or --resume CHECKPOINT_DIR")
+        )
+    raise_all(problems, "in the flags")
+
+
+def _not_positive(name: str, value: int) -> UserError:
+    flag = "--" + name.replace("_", "-")
+    return UserError(f"{flag} must be >= 1, got {value}", f"pass {flag} 1 or more (zero-kit train --help)")
 
 
 def zero_spec(opts: TrainOptions) -> ZeroSpec:

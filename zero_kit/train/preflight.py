@@ -19,20 +19,13 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from zero_kit.dist import local_world_size
-from zero_kit.errors import UserError
+from zero_kit.errors import UserError, raise_all
 
 HOST_MEM_ENV = "ZERO_KIT_HOST_MEM_BYTES"
 GIB = 2**30
-
-
-@dataclass(frozen=True)
-class Problem:
-    message: str
-    fix: str
 
 
 def _gib(value: int) -> str:
@@ -57,31 +50,35 @@ def _write_probe(directory: Path) -> OSError | None:
     return None
 
 
-def check_writable_dir(path: Path, flag: str, *, create: bool) -> list[Problem]:
+def check_writable_dir(path: Path, flag: str, *, create: bool) -> list[UserError]:
     """`path` is (or can become) a writable directory; `flag` names the option in the message."""
     if path.exists() and not path.is_dir():
-        return [Problem(f"{flag} {path}: exists and is not a directory", f"remove the file or choose another {flag}")]
+        return [UserError(f"{flag} {path}: exists and is not a directory", f"remove the file or choose another {flag}")]
     if not path.exists() and not create:
-        return [Problem(f"{flag} {path}: does not exist", f"create it (mkdir -p {path}) or choose another {flag}")]
+        return [UserError(f"{flag} {path}: does not exist", f"create it (mkdir -p {path}) or choose another {flag}")]
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         blocker = _existing_ancestor(path)
-        return [Problem(f"{flag} {path}: cannot create it ({err.strerror} at {blocker})", f"choose a writable {flag}")]
+        return [
+            UserError(f"{flag} {path}: cannot create it ({err.strerror} at {blocker})", f"choose a writable {flag}")
+        ]
     err = _write_probe(path)
     if err is not None:
         return [
-            Problem(f"{flag} {path}: not writable ({err.strerror})", f"choose a writable {flag} or fix its permissions")
+            UserError(
+                f"{flag} {path}: not writable ({err.strerror})", f"choose a writable {flag} or fix its permissions"
+            )
         ]
     return []
 
 
-def check_free_space(path: Path, need_bytes: int, what: str, flag: str) -> list[Problem]:
+def check_free_space(path: Path, need_bytes: int, what: str, flag: str) -> list[UserError]:
     free = shutil.disk_usage(_existing_ancestor(path)).free
     if free >= need_bytes:
         return []
     return [
-        Problem(
+        UserError(
             f"{flag} {path}: {_gib(free)} free on its filesystem, a checkpoint needs about {_gib(need_bytes)} ({what})",
             f"free {_gib(need_bytes - free)} or more there, or choose an {flag} on a larger disk",
         )
@@ -108,7 +105,7 @@ def _offload_devices(ds_config: dict) -> dict[str, tuple[str, str | None]]:
     return found
 
 
-def check_nvme(ds_config: dict, from_file: bool) -> list[Problem]:
+def check_nvme(ds_config: dict, from_file: bool) -> list[UserError]:
     problems = []
     for key, (device, nvme_path) in _offload_devices(ds_config).items():
         if device != "nvme":
@@ -116,7 +113,7 @@ def check_nvme(ds_config: dict, from_file: bool) -> list[Problem]:
         flag = f"zero_optimization.{key}.nvme_path" if from_file else "--nvme-path"
         if not nvme_path or nvme_path == "auto":
             problems.append(
-                Problem(f"{flag}: NVMe offload ({key}) needs a directory", f"set {flag} to a local NVMe dir")
+                UserError(f"{flag}: NVMe offload ({key}) needs a directory", f"set {flag} to a local NVMe dir")
             )
             continue
         problems += check_writable_dir(Path(nvme_path), flag, create=False)
@@ -144,7 +141,7 @@ def _plan_offload(ds_config: dict) -> str | None:
 
 def check_host_ram(
     ds_config: dict, *, shape, precision: str, local_ranks: int, nodes: int, lora_r: int | None
-) -> list[Problem]:
+) -> list[UserError]:
     """The planner's host RAM per node for this offload against the RAM this host has."""
     offload = _plan_offload(ds_config)
     stage = (ds_config.get("zero_optimization") or {}).get("stage", 0)
@@ -169,23 +166,13 @@ def check_host_ram(
         return []
     detail = "; ".join(f"{name} {_gib(value)} ({formula})" for name, (value, formula) in terms.items())
     return [
-        Problem(
+        UserError(
             f"offload_optimizer=cpu ({strategy}, {offload} offload): host RAM {_gib(have)} < about {_gib(need)} needed"
             f" per node by {local_ranks} rank(s) [{detail}]",
             "offload to nvme (--offload-optimizer nvme --nvme-path DIR), use fewer ranks per node, or a host with"
             " more RAM (`zero-kit plan --host-mem` shows what fits)",
         )
     ]
-
-
-def raise_if_any(problems: list[Problem]) -> None:
-    if not problems:
-        return
-    if len(problems) == 1:
-        raise UserError(problems[0].message, problems[0].fix)
-    lines = [f"{len(problems)} problems before training:"]
-    lines += [f"  - {p.message}\n    fix: {p.fix}" for p in problems]
-    raise UserError("\n".join(lines), "fix each problem above")
 
 
 def model_shape(model_dir: str | None):
@@ -213,7 +200,7 @@ def run_preflight(opts, ds_config: dict, *, precision: str, local_ranks: int, no
     problems += check_host_ram(
         ds_config, shape=shape, precision=precision, local_ranks=local_ranks, nodes=nodes, lora_r=opts.lora_r
     )
-    raise_if_any(problems)
+    raise_all(problems, "before training")
 
 
 _DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded", errno.EROFS: "read-only"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from zero_kit.errors import UserError
-from zero_kit.train.options import TrainOptions, check_options, zero_spec
+from zero_kit.train.options import TrainOptions, zero_spec
 
 
 def adopt_file_values(opts: TrainOptions, config: dict) -> TrainOptions:
@@ -37,8 +37,8 @@ def adopt_file_values(opts: TrainOptions, config: dict) -> TrainOptions:
 
 
 def trainer_ds_config(opts: TrainOptions) -> dict:
-    """Generated from `--stage` and friends ("auto" values, filled by the Trainer), or the linted `--ds-config`."""
-    check_options(opts)
+    """Generated from `--stage` and friends ("auto" values, filled by the Trainer), or the linted `--ds-config`.
+    `opts` has passed `check_options` (once, by the caller)."""
     if opts.ds_config is None:
         from zero_kit.config.builder import build_ds_config
 
