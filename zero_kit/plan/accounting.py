@@ -41,12 +41,13 @@ ADAM_MOMENTS = 8  # exp_avg + exp_avg_sq, always fp32
 @dataclass(frozen=True)
 class StateBytes:
     """Per-rank bytes of model states. `params`/`grads`/`optimizer` live on the accelerator; `host_*` are the
-    parts offloaded to CPU RAM (zero when nothing is offloaded). Optimizer includes the fp32 master copy."""
+    parts offloaded to CPU RAM (zero when nothing is offloaded). Optimizer includes the fp32 master copy.
+    Predictions carry their formulas; a measurement (the benchmark's record) has none."""
 
     params: int
     grads: int
     optimizer: int
-    formula: str
+    formula: str = ""
     host_params: int = 0
     host_grads: int = 0
     host_optimizer: int = 0
@@ -66,6 +67,14 @@ class StateBytes:
     def all_bytes(self) -> int:
         """Accelerator plus host: what a CPU-only run (where both are RAM) measures."""
         return self.total + self.host_total
+
+    def as_dict(self) -> dict[str, int]:
+        """The accelerator parts and their total (the benchmark record's keys); host parts only when there are any."""
+        parts = {"params": self.params, "grads": self.grads, "optimizer": self.optimizer, "total": self.total}
+        if self.host_total:
+            host = {"params": self.host_params, "grads": self.host_grads, "optimizer": self.host_optimizer}
+            parts |= {f"host_{key}": value for key, value in host.items()} | {"host_total": self.host_total}
+        return parts
 
 
 @dataclass(frozen=True)
