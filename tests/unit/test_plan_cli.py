@@ -108,7 +108,7 @@ def test_json_refusal_has_no_recommendation(capsys):
 
 
 def test_output_for_fsdp_writes_nearest_zero_and_says_so(capsys, tmp_path, monkeypatch):
-    import zero_kit.plan.memory as plan_module
+    import zero_kit.plan.recommend as plan_module
 
     # Force FSDP2 to rank first, to exercise the "not DeepSpeed" path of -o.
     monkeypatch.setattr(plan_module, "speed_key", lambda option, hardware: option.strategy != "fsdp")
