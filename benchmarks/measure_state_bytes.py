@@ -189,8 +189,9 @@ def rank_run(run: str, precision: str, client_optimizer: bool = False, list_stor
 def predicted(run: str, n_params: int, world_size: int, precision: str) -> tuple[int, str]:
     """Model states from the shared tables; ZeRO-2 offload adds the staging buffers `zero-kit plan` counts."""
     from zero_kit.model import tiny_llama_config
-    from zero_kit.plan.accounting import model_state_bytes, shape_from_hf_config
+    from zero_kit.plan.accounting import model_state_bytes
     from zero_kit.plan.memory import Workload, buffer_terms
+    from zero_kit.plan.shapes import shape_from_hf_config
 
     strategy, offload = run.split("+")[0], run.endswith("+offload")
     states = model_state_bytes(strategy, n_params, world_size, precision, offload_optimizer=offload)

@@ -65,10 +65,10 @@ def two_hosts(prefix: str, subnet: int, rate: str | None = None) -> Iterator[Two
 
 def node_command(strategy: str, opts: BenchOptions, hosts: TwoHosts, node: int, hostfile: str, record: str) -> list:
     from zero_kit.launch import deepspeed_command, torchrun_command
-    from zero_kit.strategies import LAUNCHER, check_name
+    from zero_kit.strategies import check_name
 
     args = ["--strategy", strategy, "--options-json", json.dumps(dataclasses.asdict(opts)), "--record", record]
-    if LAUNCHER[check_name(strategy)[0]] == "deepspeed":
+    if check_name(strategy).launcher == "deepspeed":
         launch = deepspeed_command("zero_kit.bench", args, nproc=opts.nproc, master_port=opts.master_port,
                                    hostfile=hostfile, node_rank=node, master_addr=hosts.addresses[0])  # fmt: skip
     else:

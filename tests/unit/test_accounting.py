@@ -6,16 +6,14 @@ from __future__ import annotations
 import pytest
 
 from zero_kit.plan.accounting import (
-    KNOWN_SHAPES,
-    STRATEGIES,
-    closest_known_shape,
+    ROWS,
     coefficients,
     model_state_bytes,
-    shape_from_hf_config,
     zero12_edge_grad_bytes,
     zero12_grad_partition_elements,
 )
 from zero_kit.plan.memory import Workload, buffer_terms
+from zero_kit.plan.shapes import KNOWN_SHAPES, closest_known_shape, shape_from_hf_config
 
 # Published totals of the Meta checkpoints.
 PUBLISHED = {
@@ -226,7 +224,7 @@ def test_lora_keeps_frozen_weights_and_adapter_states():
 
 
 def test_every_strategy_has_a_row_and_bad_names_are_refused():
-    for strategy in STRATEGIES:
+    for strategy in ROWS:
         assert model_state_bytes(strategy, 1000, 2, "bf16").total > 0
         assert coefficients(strategy, "fp32").optimizer != (0, 0)
     with pytest.raises(ValueError, match="unknown strategy"):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from zero_kit.plan.accounting import KNOWN_SHAPES, shape_from_hf_config
-from zero_kit.plan.memory import GIB, Hardware, Workload, activation_terms, make_plan
+from zero_kit.plan import GIB, KNOWN_SHAPES, Hardware, Workload, make_plan, shape_from_hf_config
+from zero_kit.plan.memory import activation_terms
 
 GB = 10**9
 

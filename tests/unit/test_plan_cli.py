@@ -108,7 +108,7 @@ def test_json_refusal_has_no_recommendation(capsys):
 
 
 def test_output_for_fsdp_writes_nearest_zero_and_says_so(capsys, tmp_path, monkeypatch):
-    import zero_kit.plan.memory as plan_module
+    import zero_kit.plan.recommend as plan_module
 
     # Force FSDP2 to rank first, to exercise the "not DeepSpeed" path of -o.
     monkeypatch.setattr(plan_module, "speed_key", lambda option, hardware: option.strategy != "fsdp")
@@ -130,3 +130,13 @@ def test_fp32_and_lora_formulas_reach_the_json(capsys):
     options = {o["label"]: o for o in json.loads(out)["options"]}
     assert options["zero2"]["model_states_formula"] == "2Ψf + 2Ψt + 18Ψt/N"
     assert options["zero2"]["gpu_bytes"]["model_states"] < 3 * 10**9  # ~2.5 GB of frozen bf16 weights + small adapters
+
+
+def test_output_when_ddp_is_recommended_writes_stage_0(capsys, tmp_path):
+    # The registry gives DDP's nearest ZeRO stage (0); the stage was once parsed from the name's last character.
+    path = tmp_path / "ds.json"
+    argv = ["--model", "llama-3.2-1b", "--gpu-mem", "24GB", "--lora-r", "8", "--precision", "fp32", "-o", str(path)]
+    code, out, err = _run(capsys, *argv)
+    assert code == 0 and "recommended: ddp" in out
+    assert "not DeepSpeed" in err and "stage 0" in err
+    assert json.loads(path.read_text())["zero_optimization"]["stage"] == 0

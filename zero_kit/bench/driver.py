@@ -14,11 +14,11 @@ from zero_kit.bench.worker import model_config
 
 def _launch_command(strategy: str, opts: BenchOptions, index: int, record: str) -> list[str]:
     from zero_kit.launch import deepspeed_command, torchrun_command
-    from zero_kit.strategies import LAUNCHER, check_name
+    from zero_kit.strategies import check_name
 
     args = ["--strategy", strategy, "--options-json", json.dumps(dataclasses.asdict(opts)), "--record", record]
     port = opts.master_port + index
-    if LAUNCHER[check_name(strategy)[0]] == "deepspeed":
+    if check_name(strategy).launcher == "deepspeed":
         return deepspeed_command("zero_kit.bench", args, nproc=opts.nproc, master_port=port)
     return torchrun_command("zero_kit.bench", args, nproc=opts.nproc, master_port=port)
 

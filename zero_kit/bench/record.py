@@ -52,7 +52,7 @@ def build_record(
     import torch.distributed as dist
 
     from zero_kit.metrics import flops_per_token, mfu, peak_flops, peak_memory
-    from zero_kit.strategies import StateBytes
+    from zero_kit.plan.accounting import StateBytes
 
     world = dist.get_world_size()
     mine = StateBytes(result["bytes"][0], result["bytes"][1], result["bytes"][2]).as_dict()

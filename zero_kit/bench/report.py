@@ -11,15 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from zero_kit.strategies import STRATEGIES
+
 PARITY_TOL = 1e-5
-# Strategy name -> (accounting strategy, optimizer offloaded)
-_ACCOUNTING = {
-    "zero1_reduce": ("zero1", False),
-    "zero2_reduce": ("zero2", False),
-    "zero3_release": ("zero3", False),
-    "zero2_offload": ("zero2", True),
-    "zero3_offload": ("zero3", True),
-}
 
 
 def failed_record(strategy: str, opts, log_path: str) -> dict[str, Any]:
@@ -34,10 +28,15 @@ def predicted_state(record: dict[str, Any]) -> dict[str, Any] | None:
     so each rank gets its own exact figure from the model's parameter sizes (accounting.py)."""
     from zero_kit.plan.accounting import DTYPE_BYTES, model_state_bytes, zero12_edge_grad_bytes
 
-    name, offload = _ACCOUNTING.get(record["strategy"], (record["strategy"], False))
+    info = STRATEGIES.get(record["strategy"])
+    # A record of a strategy this version no longer has gets the byte tables' own "unknown strategy" error.
+    name = info.accounting if info else record["strategy"]
+    offload, offload_param = (info.offload_optimizer, info.offload_param) if info else (False, False)
     world, precision = record["world_size"], record["precision"]
     try:
-        s = model_state_bytes(name, record["model"]["n_params"], world, precision, offload_optimizer=offload)
+        s = model_state_bytes(
+            name, record["model"]["n_params"], world, precision, offload_optimizer=offload, offload_param=offload_param
+        )
     except ValueError as err:
         return {"error": str(err)}
     parts = {"params": s.params + s.host_params, "grads": s.grads + s.host_grads,

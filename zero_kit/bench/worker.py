@@ -134,14 +134,14 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
 
     from zero_kit.bench.record import build_record
     from zero_kit.dist import device_and_backend, end_process_group
-    from zero_kit.strategies import LAUNCHER, STRATEGIES, StrategyOptions, build_strategy
+    from zero_kit.strategies import StrategyOptions, build_strategy, check_name
 
     torch.use_deterministic_algorithms(True, warn_only=True)
     device, pg_backend = device_and_backend()
     if device.startswith("cuda") and opts.precision == "fp32":
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 on GPU means TF32 matmuls (metrics.PEAK_FLOPS)
-    backend_kind = STRATEGIES[strategy_name][0]
-    _init_distributed("deepspeed" if LAUNCHER[backend_kind] == "deepspeed" else "torch", pg_backend)
+    launcher = check_name(strategy_name).launcher
+    _init_distributed("deepspeed" if launcher == "deepspeed" else "torch", pg_backend)
     finished = False
     try:
         model = build_model(opts)

@@ -92,7 +92,7 @@ def parse_count(text: str) -> int:
 
 def resolve_model(opts: PlanOptions):
     """(label, shape, n_params) from --model DIR, --model NAME or --params with optional dimensions."""
-    from zero_kit.plan.accounting import KNOWN_SHAPES, LlamaShape, closest_known_shape, shape_from_hf_config
+    from zero_kit.plan import KNOWN_SHAPES, LlamaShape, closest_known_shape, shape_from_hf_config
 
     if (opts.model is None) == (opts.params is None):
         raise UserError("give exactly one of --model and --params", "e.g. --model llama-3-8b or --params 8e9")
@@ -126,7 +126,7 @@ def resolve_model(opts: PlanOptions):
 
 
 def build_inputs(opts: PlanOptions):
-    from zero_kit.plan.memory import Hardware, Workload
+    from zero_kit.plan import Hardware, Workload
 
     if opts.gpu_mem is None:
         raise UserError("--gpu-mem is required", "e.g. --gpu-mem 80GB")
@@ -150,7 +150,7 @@ def build_inputs(opts: PlanOptions):
 
 
 def run(args: argparse.Namespace) -> int:
-    from zero_kit.plan.memory import make_plan
+    from zero_kit.plan import make_plan, render_json, render_text
 
     opts = dataclass_from_args(PlanOptions, args)
     label, work, hardware = build_inputs(opts)
@@ -166,21 +166,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_config(plan, opts: PlanOptions, path: str) -> None:
-    """The recommended option's DeepSpeed config through the generator (FSDP2 -> ZeRO-3, DDP -> ZeRO-0)."""
+    """The recommended option's DeepSpeed config through the generator (FSDP2 -> ZeRO-3, DDP -> ZeRO-0: the
+    registry's `stage` of a native strategy is the ZeRO stage that shards the same states)."""
     from zero_kit.config.builder import build_ds_config, dumps
     from zero_kit.config.spec import ZeroSpec
 
     best = plan.recommended
-    stage = {"ddp": 0, "fsdp": 3}.get(best.strategy) or int(best.strategy[-1])
-    if best.strategy in ("ddp", "fsdp"):
+    info = best.info
+    stage = info.stage
+    if info.backend != "deepspeed":
         print(
             f"zero-kit plan: {best.label} is not DeepSpeed; wrote the nearest ZeRO equivalent, stage {stage}",
             file=sys.stderr,
         )
     spec = ZeroSpec(
         stage=stage,
-        offload_optimizer="cpu" if best.offload != "none" else "none",
-        offload_param="cpu" if "param" in best.offload else "none",
+        offload_optimizer="cpu" if info.offload_optimizer else "none",
+        offload_param="cpu" if info.offload_param else "none",
         precision=opts.precision,
         micro_batch=opts.micro_batch,
         grad_accum=1,
@@ -189,105 +191,3 @@ def write_config(plan, opts: PlanOptions, path: str) -> None:
     )
     Path(path).write_text(dumps(build_ds_config(spec)), encoding="utf-8")
     print(f"zero-kit plan: wrote {path} (ZeRO stage {stage}, {best.offload} offload)", file=sys.stderr)
-
-
-def _gib(value: int) -> str:
-    return f"{value / 2**30:.1f}"
-
-
-def render_text(plan, label: str) -> str:
-    """Header, one row per option (GiB), the recommendation with reasons, and the per-term breakdown."""
-    w, hw = plan.work, plan.hardware
-    s = w.shape
-    tuning = f"LoRA r={w.lora_r} ({w.trainable_params:,} trainable)" if w.lora_r else "full fine-tune"
-    lines = [
-        f"model: {label}: {w.n_params:,} parameters (h={s.hidden_size}, L={s.layers}, heads={s.heads}/{s.kv_heads} kv,"
-        f" I={s.intermediate_size}, V={s.vocab_size})",
-        f"run: {w.precision}, {tuning}, seq {w.seq_len} x micro batch {w.micro_batch}, activation checkpointing "
-        + ("on" if w.activation_checkpointing else "off"),
-        f"hardware: {hw.nodes} node(s) x {hw.gpus_per_node} GPU(s) = {hw.world_size} ranks, {_gib(hw.gpu_mem)} GiB"
-        f" per GPU, {_gib(hw.usable_gpu_mem)} GiB usable ({hw.margin:.0%} margin), host RAM "
-        + (f"{_gib(hw.host_mem)} GiB per node" if hw.host_mem else "not given (unchecked)"),
-        "",
-        f"{'option':<26}{'fits':<6}{'states':>8}{'activ.':>8}{'buffers':>9}{'total':>8}{'host':>8}{'sent':>8}"
-        "  model states formula (per GPU)",
-    ]
-    for o in plan.options:
-        g = o.gpu_bytes()
-        fits = "yes" if o.fits else ("host" if o.fits_gpu else "no")
-        mark = "*" if o is plan.recommended else " "
-        lines.append(
-            f"{mark}{o.label:<25}{fits:<6}{_gib(g['model_states']):>8}{_gib(g['activations']):>8}"
-            f"{_gib(g['buffers']):>9}{_gib(g['total']):>8}{_gib(o.host_bytes):>8}{_gib(o.comm_bytes_per_step):>8}"
-            f"  {o.states_formula}"
-        )
-    lines.append(
-        "GiB per GPU; host = RAM per node; sent = bytes each rank sends per step; fits: host = GPU yes, host RAM no"
-    )
-    lines.append("")
-    lines.append(f"recommended: {plan.recommended.label}" if plan.recommended else "refused: nothing fits")
-    lines += [f"  - {reason}" for reason in plan.reasons]
-    shown = plan.recommended or min(plan.options, key=lambda o: o.gpu_bytes()["total"])
-    lines += ["", *breakdown(shown)]
-    return "\n".join(lines)
-
-
-def breakdown(option) -> list[str]:
-    """Every term of one option with its formula (Ψ parameters, N ranks, b micro batch, s sequence)."""
-    lines = [f"breakdown for {option.label} (per GPU unless marked host):", f"  {'term':<56}{'GiB':>8}  formula"]
-    groups = (("model states", option.states), ("activations", option.activations), ("buffers", option.buffers))
-    for group, terms in (*groups, ("host RAM per node", option.host)):
-        for name, (value, formula) in terms.items():
-            lines.append(f"  {group + ': ' + name:<56}{_gib(value):>8}  {formula}")
-    lines.append(f"  {'total per GPU':<56}{_gib(option.gpu_bytes()['total']):>8}")
-    lines.append(
-        "  assumed: SDPA/flash attention (no s² scores kept), logits upcast to fp32 for the loss, AdamW with fp32"
-        " states, DeepSpeed 0.19.8 buffers; CUDA context + NCCL 1 GiB and allocator slack 5% are stated, not measured"
-    )
-    return lines
-
-
-def option_json(option) -> dict:
-    return {
-        "strategy": option.strategy,
-        "offload": option.offload,
-        "label": option.label,
-        "fits": option.fits,
-        "fits_gpu": option.fits_gpu,
-        "fits_host": option.fits_host,
-        "gpu_bytes": option.gpu_bytes(),
-        "host_bytes": option.host_bytes,
-        "comm_bytes_per_step": option.comm_bytes_per_step,
-        "model_states_formula": option.states_formula,
-        "terms": {
-            group: {name: {"bytes": value, "formula": formula} for name, (value, formula) in terms.items()}
-            for group, terms in (
-                ("model_states", option.states),
-                ("activations", option.activations),
-                ("buffers", option.buffers),
-                ("host", option.host),
-            )
-        },
-    }
-
-
-def render_json(plan, label: str) -> str:
-    from dataclasses import asdict
-
-    best = plan.recommended
-    document = {
-        "model": {"label": label, "n_params": plan.work.n_params, "shape": asdict(plan.work.shape)},
-        "run": {
-            "precision": plan.work.precision,
-            "seq_len": plan.work.seq_len,
-            "micro_batch": plan.work.micro_batch,
-            "lora_r": plan.work.lora_r,
-            "activation_checkpointing": plan.work.activation_checkpointing,
-        },
-        "hardware": asdict(plan.hardware) | {"world_size": plan.hardware.world_size},
-        "units": "bytes",
-        "options": [option_json(o) for o in plan.options],
-        "recommended": {"strategy": best.strategy, "offload": best.offload, "label": best.label} if best else None,
-        "reasons": plan.reasons,
-    }
-    return json.dumps(document, indent=2)

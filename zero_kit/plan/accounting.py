@@ -31,7 +31,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-STRATEGIES = ("ddp", "fsdp", "zero0", "zero1", "zero2", "zero3")
+# The table's rows. Strategy names map onto them in the registry (zero_kit.strategies: StrategyInfo.accounting).
+ROWS = ("ddp", "fsdp", "zero0", "zero1", "zero2", "zero3")
 PRECISIONS = ("bf16", "fp16", "fp32")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 FP32 = 4
@@ -41,12 +42,13 @@ ADAM_MOMENTS = 8  # exp_avg + exp_avg_sq, always fp32
 @dataclass(frozen=True)
 class StateBytes:
     """Per-rank bytes of model states. `params`/`grads`/`optimizer` live on the accelerator; `host_*` are the
-    parts offloaded to CPU RAM (zero when nothing is offloaded). Optimizer includes the fp32 master copy."""
+    parts offloaded to CPU RAM (zero when nothing is offloaded). Optimizer includes the fp32 master copy.
+    Predictions carry their formulas; a measurement (the benchmark's record) has none."""
 
     params: int
     grads: int
     optimizer: int
-    formula: str
+    formula: str = ""
     host_params: int = 0
     host_grads: int = 0
     host_optimizer: int = 0
@@ -67,6 +69,14 @@ class StateBytes:
         """Accelerator plus host: what a CPU-only run (where both are RAM) measures."""
         return self.total + self.host_total
 
+    def as_dict(self) -> dict[str, int]:
+        """The accelerator parts and their total (the benchmark record's keys); host parts only when there are any."""
+        parts = {"params": self.params, "grads": self.grads, "optimizer": self.optimizer, "total": self.total}
+        if self.host_total:
+            host = {"params": self.host_params, "grads": self.host_grads, "optimizer": self.host_optimizer}
+            parts |= {f"host_{key}": value for key, value in host.items()} | {"host_total": self.host_total}
+        return parts
+
 
 @dataclass(frozen=True)
 class Coefficients:
@@ -79,7 +89,7 @@ class Coefficients:
 
 def coefficients(strategy: str, precision: str) -> Coefficients:
     """The byte table: one row per strategy, for 16-bit mixed precision or fp32."""
-    check_strategy(strategy, precision)
+    _check_row(strategy, precision)
     low = DTYPE_BYTES[precision]
     master_and_moments = FP32 + ADAM_MOMENTS  # DeepSpeed keeps an fp32 master even when params are fp32 (ZeRO-3 too)
     # fp32: gradients accumulate in one fp32 partition. 16-bit: the reduced 16-bit partition, plus the fp32 copy
@@ -101,12 +111,12 @@ def coefficients(strategy: str, precision: str) -> Coefficients:
             return Coefficients((low, 0), (0, sharded_grads), (0, master_and_moments))
         case "zero3":
             return Coefficients((0, low), (0, zero3_grads), (0, master_and_moments))
-    raise AssertionError(strategy)  # check_strategy already refused it
+    raise AssertionError(strategy)  # _check_row already refused it
 
 
-def check_strategy(strategy: str, precision: str) -> None:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose from {list(STRATEGIES)}")
+def _check_row(strategy: str, precision: str) -> None:
+    if strategy not in ROWS:
+        raise ValueError(f"unknown strategy {strategy!r}; choose from {list(ROWS)}")
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose from {list(PRECISIONS)}")
 
@@ -241,103 +251,3 @@ def _formula(pairs: list[tuple[int, int]], frozen_pair: tuple[int, int], lora: b
         return " + ".join(_terms(replicated, partitioned, "Ψ")) or "0"
     parts = _terms(*frozen_pair, "Ψf") + _terms(replicated, partitioned, "Ψt")
     return " + ".join(parts) or "0"
-
-
-def lora_trainable_params(hidden_size: int, layers: int, rank: int, kv_size: int, intermediate: int) -> int:
-    """LoRA adapter parameters on every linear of each block (q, k, v, o, gate, up, down): r x (in + out) each."""
-    per_layer = (
-        (hidden_size + hidden_size)  # q
-        + 2 * (hidden_size + kv_size)  # k, v
-        + (hidden_size + hidden_size)  # o
-        + 2 * (hidden_size + intermediate)  # gate, up
-        + (intermediate + hidden_size)  # down
-    )
-    return rank * per_layer * layers
-
-
-@dataclass(frozen=True)
-class LlamaShape:
-    """The dimensions of a LLaMA-architecture decoder that decide its parameter count and activations."""
-
-    hidden_size: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate_size: int
-    vocab_size: int
-    tie_word_embeddings: bool = False
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.heads
-
-    @property
-    def kv_size(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    @property
-    def block_params(self) -> int:
-        """One decoder layer: q, k, v, o projections, SwiGLU MLP (gate, up, down), two RMSNorm weights."""
-        h, q = self.hidden_size, self.heads * self.head_dim
-        return h * q + 2 * h * self.kv_size + q * h + 3 * h * self.intermediate_size + 2 * h
-
-    @property
-    def n_params(self) -> int:
-        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
-        return embeddings + self.layers * self.block_params + self.hidden_size
-
-    def param_numels(self) -> list[int]:
-        """Every parameter's element count in `model.parameters()` order (what DeepSpeed flattens)."""
-        h, q, kv, inter = self.hidden_size, self.heads * self.head_dim, self.kv_size, self.intermediate_size
-        block = [h * q, h * kv, h * kv, q * h, h * inter, h * inter, inter * h, h, h]
-        head = [] if self.tie_word_embeddings else [self.vocab_size * h]
-        return [self.vocab_size * h, *block * self.layers, h, *head]
-
-    @property
-    def largest_layer_params(self) -> int:
-        """The biggest single module's own parameters, as DeepSpeed's `model_to_params` counts (embedding or MLP)."""
-        h = self.hidden_size
-        return max(self.vocab_size * h, h * self.intermediate_size, h * self.heads * self.head_dim)
-
-
-def _llama2(h: int, layers: int, heads: int, kv: int, inter: int) -> LlamaShape:
-    return LlamaShape(h, layers, heads, kv, inter, 32000)
-
-
-def _llama3(h: int, layers: int, heads: int, kv: int, inter: int, tied: bool = False) -> LlamaShape:
-    return LlamaShape(h, layers, heads, kv, inter, 128256, tied)
-
-
-# Published config.json values of the Meta checkpoints (3.1 shares 3's shapes).
-KNOWN_SHAPES: dict[str, LlamaShape] = {
-    "tinyllama-1.1b": LlamaShape(2048, 22, 32, 4, 5632, 32000),
-    "llama-2-7b": _llama2(4096, 32, 32, 32, 11008),
-    "llama-2-13b": _llama2(5120, 40, 40, 40, 13824),
-    "llama-2-70b": _llama2(8192, 80, 64, 8, 28672),
-    "llama-3.2-1b": _llama3(2048, 16, 32, 8, 8192, tied=True),
-    "llama-3.2-3b": _llama3(3072, 28, 24, 8, 8192, tied=True),
-    "llama-3-8b": _llama3(4096, 32, 32, 8, 14336),
-    "llama-3.1-8b": _llama3(4096, 32, 32, 8, 14336),
-    "llama-3-70b": _llama3(8192, 80, 64, 8, 28672),
-    "llama-3.1-70b": _llama3(8192, 80, 64, 8, 28672),
-    "llama-3.1-405b": _llama3(16384, 126, 128, 8, 53248),
-}
-
-
-def closest_known_shape(n_params: int) -> tuple[str, LlamaShape]:
-    """The known shape nearest in parameter count (by ratio), to stand in for dimensions the user did not give."""
-    return min(KNOWN_SHAPES.items(), key=lambda item: abs(item[1].n_params / n_params - 1))
-
-
-def shape_from_hf_config(config: dict) -> LlamaShape:
-    """A LlamaShape from a Hugging Face config.json (llama, mistral, qwen2 keys); KeyError names a missing key."""
-    heads = config["num_attention_heads"]
-    return LlamaShape(
-        hidden_size=config["hidden_size"],
-        layers=config["num_hidden_layers"],
-        heads=heads,
-        kv_heads=config.get("num_key_value_heads") or heads,
-        intermediate_size=config["intermediate_size"],
-        vocab_size=config["vocab_size"],
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-    )

@@ -1,5 +1,5 @@
-"""Memory model per GPU and per host for every way zero_kit can train a LLaMA-style model, and the
-recommendation of `zero-kit plan`. Pure arithmetic: model states come from `zero_kit.plan.accounting` (the byte
+"""Memory model per GPU and per host for every planned strategy (the registry's entries with `planned`), one
+`Option` each; `zero_kit.plan.recommend` ranks them. Pure arithmetic: model states come from `zero_kit.plan.accounting` (the byte
 tables shared with the benchmark), buckets from `zero_kit.config.builder.bucket_sizes`; nothing is launched.
 
 Each term is a (bytes, formula) pair so the CLI can print the number beside how it was computed.
@@ -10,37 +10,27 @@ Stated constants (not measured on this machine, which has no GPU):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from zero_kit.config.builder import bucket_sizes
-from zero_kit.plan.accounting import (
-    DTYPE_BYTES,
-    LlamaShape,
-    lora_trainable_params,
-    model_state_bytes,
-    zero12_edge_grad_bytes,
-)
+from zero_kit.plan.accounting import DTYPE_BYTES, model_state_bytes, zero12_edge_grad_bytes
+from zero_kit.plan.shapes import LlamaShape, lora_trainable_params
+from zero_kit.strategies import STRATEGIES, StrategyInfo
 
 GIB = 2**30
 CUDA_CONTEXT_BYTES = 1 * GIB
 ALLOCATOR_SLACK = 0.05
 HOST_BASELINE_PER_RANK = 2 * GIB
 CHECKPOINT_SHARD_BYTES = 5 * GIB  # HF checkpoints are saved in shards of at most ~5 GB
-SLOW_LINK_GBPS = 100.0  # below this, inter-node bytes dominate step time more than offload does
+# The planner's options, in the order shown: the registry's planned entries.
+PLANNED: tuple[StrategyInfo, ...] = tuple(info for info in STRATEGIES.values() if info.planned)
 
-# (strategy, offload) in the order shown; offload is "none", "optimizer" or "optimizer+param".
-OPTIONS = (
-    ("ddp", "none"),
-    ("fsdp", "none"),
-    ("zero0", "none"),
-    ("zero1", "none"),
-    ("zero2", "none"),
-    ("zero3", "none"),
-    ("zero2", "optimizer"),
-    ("zero3", "optimizer"),
-    ("zero3", "optimizer+param"),
-)
-OFFLOAD_LEVEL = {"none": 0, "optimizer": 1, "optimizer+param": 2}
+
+def offload_of(info: StrategyInfo) -> str:
+    """The plan's word for what a strategy offloads: "none", "optimizer" or "optimizer+param"."""
+    if info.offload_param:
+        return "optimizer+param"
+    return "optimizer" if info.offload_optimizer else "none"
 
 
 @dataclass(frozen=True)
@@ -84,8 +74,7 @@ Terms = dict[str, tuple[int, str]]
 
 @dataclass
 class Option:
-    strategy: str
-    offload: str
+    info: StrategyInfo
     states: Terms
     activations: Terms
     buffers: Terms
@@ -95,6 +84,15 @@ class Option:
     fits_gpu: bool = False
     fits_host: bool | None = None
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def strategy(self) -> str:
+        """The byte-table row (ddp, fsdp, zero0..zero3): what the terms and the JSON's "strategy" are keyed on."""
+        return self.info.accounting
+
+    @property
+    def offload(self) -> str:
+        return offload_of(self.info)
 
     @property
     def label(self) -> str:
@@ -254,15 +252,15 @@ def comm_bytes_per_step(strategy: str, work: Workload) -> int:
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
-def evaluate(strategy: str, offload: str, work: Workload, hardware: Hardware) -> Option:
+def evaluate(info: StrategyInfo, work: Workload, hardware: Hardware) -> Option:
+    strategy, offload = info.accounting, offload_of(info)
     gpu_states, offloaded, formula = state_terms(strategy, offload, work, hardware.world_size)
     activations = activation_terms(work)
     buffers = buffer_terms(strategy, offload, work, hardware.world_size)
     slack_base = _sum(gpu_states) + _sum(activations) + _sum(buffers)
     buffers["allocator slack"] = (int(slack_base * ALLOCATOR_SLACK), "5% of the rest")
     option = Option(
-        strategy,
-        offload,
+        info,
         gpu_states,
         activations,
         buffers,
@@ -277,159 +275,4 @@ def evaluate(strategy: str, offload: str, work: Workload, hardware: Hardware) ->
 
 
 def evaluate_all(work: Workload, hardware: Hardware) -> list[Option]:
-    return [evaluate(strategy, offload, work, hardware) for strategy, offload in OPTIONS]
-
-
-def slow_link(hardware: Hardware) -> bool:
-    return hardware.nodes > 1 and hardware.inter_node_gbps is not None and hardware.inter_node_gbps < SLOW_LINK_GBPS
-
-
-def speed_key(option: Option, hardware: Hardware) -> tuple:
-    """Expected fastest first: no offload before offload (PCIe copies and CPU Adam cost more than collectives on a
-    fast fabric), then fewer bytes sent per step, then fewer GPU bytes (room for larger micro batches).
-    On a slow inter-node link the bytes sent come first."""
-    offload = OFFLOAD_LEVEL[option.offload]
-    total = option.gpu_bytes()["total"]
-    if slow_link(hardware):
-        return (option.comm_bytes_per_step, offload, total)
-    return (offload, option.comm_bytes_per_step, total)
-
-
-def recommend(options: list[Option], hardware: Hardware) -> Option | None:
-    fitting = [o for o in options if o.fits]
-    return min(fitting, key=lambda o: speed_key(o, hardware)) if fitting else None
-
-
-@dataclass
-class Plan:
-    work: Workload
-    hardware: Hardware
-    options: list[Option]
-    recommended: Option | None
-    reasons: list[str]
-
-
-def make_plan(work: Workload, hardware: Hardware) -> Plan:
-    options = evaluate_all(work, hardware)
-    best = recommend(options, hardware)
-    reasons = explain(best, options, work, hardware) if best else refusal(options, work, hardware)
-    return Plan(work, hardware, options, best, reasons)
-
-
-def gib(value: int | float) -> str:
-    return f"{value / GIB:.1f} GiB"
-
-
-def _by_label(options: list[Option]) -> dict[str, Option]:
-    return {o.label: o for o in options}
-
-
-def explain(best: Option, options: list[Option], work: Workload, hardware: Hardware) -> list[str]:
-    """Plain-words reasons for the recommendation."""
-    total = best.gpu_bytes()["total"]
-    reasons = [
-        f"{best.label} needs {gib(total)} per GPU of {gib(hardware.usable_gpu_mem)} usable "
-        f"({gib(hardware.gpu_mem)} less a {hardware.margin:.0%} margin), {gib(hardware.usable_gpu_mem - total)} spare.",
-        _why(best, _by_label(options)),
-    ]
-    if slow_link(hardware):
-        reasons.append(
-            f"The inter-node link ({hardware.inter_node_gbps:g} Gbit/s) is slow, so options sending fewer bytes per"
-            " step rank first, even before avoiding offload."
-        )
-    reasons += _host_warnings(options, hardware)
-    reasons.append(
-        "Ranking: fits with the margin; then no offload before offload; then fewer bytes sent per step; then fewer"
-        " GPU bytes (room for a larger micro batch)."
-    )
-    return reasons
-
-
-def _why(best: Option, by: dict[str, Option]) -> str:
-    sent = f"sends {gib(best.comm_bytes_per_step)} per step"
-    if best.offload == "none" and best.strategy in ("ddp", "zero0", "zero1", "zero2"):
-        return (
-            f"The parameters fit on every GPU unsharded, so no parameter all-gathers are needed: {best.label} "
-            f"{sent}, against {gib(by['zero3'].comm_bytes_per_step)} for ZeRO-3 and "
-            f"{gib(by['ddp'].comm_bytes_per_step)} for DDP (which all-reduces fp32 gradients)."
-        )
-    if best.offload == "none":
-        smallest = min(by[name].gpu_bytes()["total"] for name in ("ddp", "zero0", "zero1", "zero2"))
-        return (
-            "DDP and ZeRO-0/1/2 keep a full copy of the parameters on every GPU and do not fit (the smallest of them "
-            f"needs {gib(smallest)}), so parameters must be sharded: {best.label} gathers them in forward and "
-            f"backward and {sent}."
-        )
-    fitting = sorted((o for o in by.values() if o.fits and o.offload == "none"), key=lambda o: o.comm_bytes_per_step)
-    lead = (
-        f"{fitting[0].label} fits without offload but sends {gib(fitting[0].comm_bytes_per_step)} per step; "
-        if fitting
-        else "Nothing fits in GPU memory without offload; "
-    )
-    moved = "optimizer states and parameters" if "param" in best.offload else "optimizer states"
-    return (
-        f"{lead}offloading moves {moved} to host RAM ({gib(best.host_bytes)} per node), paid for by PCIe copies every"
-        " step and Adam on the CPU: expect much slower steps than without offload."
-    )
-
-
-def _host_warnings(options: list[Option], hardware: Hardware) -> list[str]:
-    short = [o for o in options if o.fits_gpu and o.fits_host is False and o.offload != "none"]
-    if not short:
-        return []
-    o = min(short, key=lambda x: x.host_bytes)
-    return [
-        f"Host RAM too small for offload: {o.label} would fit the GPUs but needs {gib(o.host_bytes)} of host RAM"
-        f" per node, {gib(o.host_bytes - (hardware.host_mem or 0))} more than the {gib(hardware.host_mem or 0)} given."
-    ]
-
-
-def refusal(options: list[Option], work: Workload, hardware: Hardware) -> list[str]:
-    """Nothing fits: what is short, by how much, and what would fit instead."""
-    closest = min(options, key=lambda o: o.gpu_bytes()["total"])
-    need = closest.gpu_bytes()["total"]
-    lines = [
-        f"Nothing fits. The smallest option, {closest.label}, needs {gib(need)} per GPU; "
-        f"{gib(hardware.usable_gpu_mem)} is usable, short by {gib(need - hardware.usable_gpu_mem)}."
-    ]
-    lines += _host_warnings(options, hardware)
-    lines += [f"Would fit: {alternative}" for alternative in alternatives(work, hardware)]
-    return lines
-
-
-def alternatives(work: Workload, hardware: Hardware) -> list[str]:
-    """Changes to the hardware or the run that would make some option fit (the first that works of each kind)."""
-    tries = [
-        [
-            (
-                f"{hardware.nodes * k} nodes of {hardware.gpus_per_node} GPUs",
-                work,
-                replace(hardware, nodes=hardware.nodes * k),
-            )
-            for k in (2, 4, 8, 16, 32, 64, 128)
-        ],
-        [
-            (f"GPUs with {gb} GB each ({hardware.world_size} of them)", work, replace(hardware, gpu_mem=gb * 10**9))
-            for gb in (24, 40, 48, 80, 94, 141, 192)
-            if gb * 10**9 > hardware.gpu_mem
-        ],
-        [("--activation-checkpointing", replace(work, activation_checkpointing=True), hardware)]
-        if not work.activation_checkpointing
-        else [],
-        [("--micro-batch 1", replace(work, micro_batch=1), hardware)] if work.micro_batch > 1 else [],
-        [("LoRA (--lora-r 16)", replace(work, lora_r=16), hardware)] if not work.lora_r else [],
-        [("more host RAM", work, replace(hardware, host_mem=None))] if hardware.host_mem is not None else [],
-    ]
-    found = []
-    for kind in tries:
-        for text, changed_work, changed_hardware in kind:
-            option = recommend(evaluate_all(changed_work, changed_hardware), changed_hardware)
-            if option:
-                found.append(
-                    f"{text} with {option.label} ({gib(option.gpu_bytes()['total'])} per GPU, {gib(option.host_bytes)} host RAM per node)"
-                )
-                break
-    if not found and not work.activation_checkpointing:  # two changes: checkpointing plus one of the others
-        both = alternatives(replace(work, activation_checkpointing=True), hardware)
-        found = [f"--activation-checkpointing and {text}" for text in both if not text.startswith("no tried")]
-    return found or ["no tried change (up to 128x the nodes, 192 GB GPUs, checkpointing, LoRA r=16) is enough"]
+    return [evaluate(info, work, hardware) for info in PLANNED]

@@ -1,57 +1,128 @@
-"""The registry of benchmark strategies: one name -> (backend, ZeRO stage, optimizer offload), the launcher each
-backend needs, and `build_strategy(name, model, options)`, the only entry point. Backends live in ddp.py, fsdp.py
-and deepspeed.py behind the interface of base.py and share nothing else.
+"""The registry of training strategies: the ONE place a strategy name is defined. Each entry says which backend
+builds it, which launcher starts it, its ZeRO stage and offload, the DeepSpeed knobs it changes, and which row of
+the byte tables (`zero_kit.plan.accounting`) predicts its memory. The benchmark (launcher choice, DeepSpeed
+overrides, predicted bytes) and `zero-kit plan` (its options, the stage `-o` writes) read everything from here, so
+a new strategy needs an entry here and nothing else beyond its backend.
+
+Backends live in ddp.py, fsdp.py and deepspeed.py behind the interface of base.py and share nothing else. This
+module imports neither torch nor deepspeed: the planner and the CLI import it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from zero_kit.errors import UserError
+from zero_kit.strategies.base import Strategy, StrategyOptions
 
-if TYPE_CHECKING:
-    from zero_kit.strategies.base import Strategy, StrategyOptions
+__all__ = ["STRATEGIES", "Strategy", "StrategyInfo", "StrategyOptions", "build_strategy", "check_name"]
 
-# name -> (backend module, ZeRO stage or None, optimizer offload)
-STRATEGIES: dict[str, tuple[str, int | None, str]] = {
-    "ddp": ("ddp", None, "none"),
-    "fsdp": ("fsdp", None, "none"),
-    "zero0": ("deepspeed", 0, "none"),
-    "zero1": ("deepspeed", 1, "none"),
-    "zero2": ("deepspeed", 2, "none"),
-    "zero3": ("deepspeed", 3, "none"),
-    "zero2_offload": ("deepspeed", 2, "cpu"),
-    "zero3_offload": ("deepspeed", 3, "cpu"),
+
+@dataclass(frozen=True)
+class StrategyInfo:
+    name: str
+    """What users type: `zero-kit bench --strategies NAME`, and the key of STRATEGIES."""
+    backend: str
+    """The module that builds it: "ddp", "fsdp" or "deepspeed" (see `build_strategy`)."""
+    launcher: str
+    """The launcher its ranks need: "torchrun" or "deepspeed"."""
+    stage: int
+    """ZeRO stage. For DDP and FSDP2, the stage that shards the same states (0, 3): what `plan -o` writes."""
+    accounting: str
+    """Row of the byte tables that predicts its model states: ddp, fsdp or zero0..zero3."""
+    offload_optimizer: bool = False
+    """Optimizer states (fp32 master, Adam moments, fp32 gradients) live in host RAM (CPU Adam steps them)."""
+    offload_param: bool = False
+    """The 16-bit parameter partition lives in host RAM too (ZeRO-3 only)."""
+    zero_overrides: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+    """Keys merged into the generated config's "zero_optimization" section."""
+    planned: bool = True
+    """An option of `zero-kit plan`. Variants that change only a communication knob have their base's bytes."""
+    benchable: bool = True
+    """The benchmark's backend can run it (False: planned only)."""
+
+
+def _native(name: str, stage: int) -> StrategyInfo:
+    return StrategyInfo(name, backend=name, launcher="torchrun", stage=stage, accounting=name)
+
+
+def _zero(
+    name: str,
+    stage: int,
+    *,
+    offload_optimizer: bool = False,
+    offload_param: bool = False,
+    overrides: dict[str, object] | None = None,
+    planned: bool = True,
+    benchable: bool = True,
+) -> StrategyInfo:
+    return StrategyInfo(
+        name,
+        backend="deepspeed",
+        launcher="deepspeed",
+        stage=stage,
+        accounting=f"zero{stage}",
+        offload_optimizer=offload_optimizer,
+        offload_param=offload_param,
+        zero_overrides=MappingProxyType(overrides or {}),
+        planned=planned,
+        benchable=benchable,
+    )
+
+
+_ENTRIES = (
+    _native("ddp", stage=0),
+    _native("fsdp", stage=3),
+    _zero("zero0", 0),
+    _zero("zero1", 1),
+    _zero("zero2", 2),
+    _zero("zero3", 3),
+    _zero("zero2_offload", 2, offload_optimizer=True),
+    _zero("zero3_offload", 3, offload_optimizer=True),
+    # The bench's DeepSpeedStrategy has no parameter offload (it reads ZeRO-3's partitions where they are on the
+    # device and was never measured offloaded), so only the planner offers it: the last resort before refusing.
+    _zero("zero3_offload_param", 3, offload_optimizer=True, offload_param=True, benchable=False),
     # Variants that change one DeepSpeed knob to show where its traffic differs from the ZeRO paper:
     # zero{1,2}_reduce: per-owner reduce instead of DeepSpeed's default all-reduce of whole buckets;
     # zero3_release: no reuse distance, live-parameter budget or prefetch, so every parameter is freed after its
     # forward use and re-gathered for backward (the ZeRO paper's 3Ψ traffic).
-    "zero1_reduce": ("deepspeed", 1, "none"),
-    "zero2_reduce": ("deepspeed", 2, "none"),
-    "zero3_release": ("deepspeed", 3, "none"),
-}
-DS_OVERRIDES: dict[str, dict[str, object]] = {
-    "zero1_reduce": {"use_multi_rank_bucket_allreduce": False},
-    "zero2_reduce": {"use_multi_rank_bucket_allreduce": False},
-    "zero3_release": {
-        "stage3_max_reuse_distance": 0,
-        "stage3_max_live_parameters": 0,
-        "stage3_prefetch_bucket_size": 0,
-    },
-}
-LAUNCHER = {"ddp": "torchrun", "fsdp": "torchrun", "deepspeed": "deepspeed"}
+    _zero("zero1_reduce", 1, planned=False, overrides={"use_multi_rank_bucket_allreduce": False}),
+    _zero("zero2_reduce", 2, planned=False, overrides={"use_multi_rank_bucket_allreduce": False}),
+    _zero(
+        "zero3_release",
+        3,
+        planned=False,
+        overrides={
+            "stage3_max_reuse_distance": 0,
+            "stage3_max_live_parameters": 0,
+            "stage3_prefetch_bucket_size": 0,
+        },
+    ),
+)
+STRATEGIES: Mapping[str, StrategyInfo] = MappingProxyType({info.name: info for info in _ENTRIES})
 
 
-def check_name(name: str) -> tuple[str, int | None, str]:
+def check_name(name: str) -> StrategyInfo:
+    """The registry entry of a strategy the benchmark can run; UserError (with the choices) otherwise."""
+    benchable = [info.name for info in STRATEGIES.values() if info.benchable]
     if name not in STRATEGIES:
-        raise UserError(f"unknown strategy {name!r}", f"choose from {', '.join(STRATEGIES)}")
-    return STRATEGIES[name]
+        raise UserError(f"unknown strategy {name!r}", f"choose from {', '.join(benchable)}")
+    info = STRATEGIES[name]
+    if not info.benchable:
+        raise UserError(
+            f"strategy {name!r} is planned by `zero-kit plan` but the benchmark cannot run it",
+            f"choose from {', '.join(benchable)}",
+        )
+    return info
 
 
 def build_strategy(name: str, model, options: StrategyOptions) -> Strategy:
     """Wrap `model` (identically initialised on every rank) for strategy `name`."""
-    backend, stage, offload = check_name(name)
-    match backend:
+    info = check_name(name)
+    # Backends import torch / deepspeed: only the one asked for is imported, and only when a rank builds it.
+    match info.backend:
         case "ddp":
             from zero_kit.strategies.ddp import DDPStrategy
 
@@ -63,11 +134,8 @@ def build_strategy(name: str, model, options: StrategyOptions) -> Strategy:
         case "deepspeed":
             from zero_kit.strategies.deepspeed import DeepSpeedStrategy
 
-            zero_overrides = DS_OVERRIDES.get(name, {})
-            return DeepSpeedStrategy(
-                model, options, stage=stage, offload_optimizer=offload, name=name, zero=zero_overrides
-            )
+            offload = "cpu" if info.offload_optimizer else "none"
+            zero = dict(info.zero_overrides)
+            return DeepSpeedStrategy(model, options, stage=info.stage, offload_optimizer=offload, name=name, zero=zero)
         case _:
-            raise ValueError(f"unknown backend {backend!r} for strategy {name!r}")
-
-
+            raise ValueError(f"unknown backend {info.backend!r} for strategy {name!r}")

@@ -23,20 +23,6 @@ class StrategyOptions:
     compile: bool = False
 
 
-@dataclass(frozen=True)
-class StateBytes:
-    params: int
-    grads: int
-    optimizer: int
-
-    @property
-    def total(self) -> int:
-        return self.params + self.grads + self.optimizer
-
-    def as_dict(self) -> dict[str, int]:
-        return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer, "total": self.total}
-
-
 class Strategy:
     """Base of every backend. Call order per optimizer step: `forward_backward(batch, last=False)` for each
     accumulation micro step, `forward_backward(batch, last=True)` for the final one, `grad_bytes()` (optional,

@@ -55,7 +55,7 @@ class DeepSpeedStrategy(_Base):
         self.options = options
         self.name = name
         self.config = ds_config_for(options, stage, offload_optimizer, model.config.hidden_size)
-        self.config["zero_optimization"].update(zero)  # named variants only (see strategies.DS_OVERRIDES)
+        self.config["zero_optimization"].update(zero)  # named variants only (the registry's zero_overrides)
         client = make_optimizer(model.parameters(), options) if offload_optimizer == "none" else None
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=self.config)
         if options.compile:

@@ -178,7 +178,7 @@ def check_host_ram(
 def model_shape(model_dir: str | None):
     """The LlamaShape of --model (or of the embedded default), from its config only: no weights are read."""
     from zero_kit.model import build_config
-    from zero_kit.plan.accounting import shape_from_hf_config
+    from zero_kit.plan.shapes import shape_from_hf_config
 
     return shape_from_hf_config(build_config(model_dir).to_dict())
 

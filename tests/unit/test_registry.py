@@ -1,0 +1,89 @@
+"""The strategy registry (zero_kit.strategies) is the only source of strategy names and their facts: the planner's
+options, the benchmark's launcher and DeepSpeed overrides, the report's byte-table mapping and the stage `plan -o`
+writes all resolve through it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zero_kit.bench.report import predicted_state
+from zero_kit.errors import UserError
+from zero_kit.plan import KNOWN_SHAPES, Hardware, StateBytes, Workload, make_plan, model_state_bytes
+from zero_kit.plan.accounting import ROWS
+from zero_kit.strategies import STRATEGIES, check_name
+
+PACKAGE = Path(__file__).resolve().parents[2] / "zero_kit"
+BENCHABLE = [name for name, info in STRATEGIES.items() if info.benchable]
+
+
+def test_plan_options_are_the_planned_registry_entries_in_order():
+    plan = make_plan(Workload(KNOWN_SHAPES["llama-3-8b"], KNOWN_SHAPES["llama-3-8b"].n_params), Hardware(80 * 10**9, 8))
+    planned = [info for info in STRATEGIES.values() if info.planned]
+    assert [o.info for o in plan.options] == planned
+    assert [o.info.name for o in plan.options] == [
+        "ddp", "fsdp", "zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_offload_param",
+    ]  # fmt: skip
+    for option in plan.options:
+        info = STRATEGIES[option.info.name]
+        assert option.strategy == info.accounting
+        assert (option.offload != "none") == info.offload_optimizer
+        assert ("param" in option.offload) == info.offload_param
+    assert len({o.label for o in plan.options}) == len(plan.options)
+
+
+def test_every_entry_names_a_byte_table_row_and_every_row_is_used():
+    assert {info.accounting for info in STRATEGIES.values()} == set(ROWS)
+    for name, info in STRATEGIES.items():
+        assert info.name == name
+        assert model_state_bytes(
+            info.accounting, 1000, 2, "bf16", offload_optimizer=info.offload_optimizer, offload_param=info.offload_param
+        ).all_bytes
+        if info.backend == "deepspeed":
+            assert info.accounting == f"zero{info.stage}" and info.launcher == "deepspeed"
+        else:
+            assert info.backend == info.accounting and info.launcher == "torchrun" and not info.zero_overrides
+
+
+@pytest.mark.parametrize("name", BENCHABLE)
+def test_bench_names_resolve_and_the_report_predicts_through_the_registry(name):
+    info = check_name(name)
+    assert info is STRATEGIES[name]
+    record = {"strategy": name, "world_size": 2, "precision": "bf16", "model": {"n_params": 10_000}}
+    states = model_state_bytes(info.accounting, 10_000, 2, "bf16", offload_optimizer=info.offload_optimizer)
+    assert predicted_state(record)["total"] == states.all_bytes
+
+
+def test_the_bench_refuses_what_its_backends_cannot_run():
+    with pytest.raises(UserError, match="benchmark cannot run"):
+        check_name("zero3_offload_param")
+    with pytest.raises(UserError, match="unknown strategy") as refused:
+        check_name("zero4")
+    assert "zero3_offload_param" not in refused.value.fix and all(n in refused.value.fix for n in BENCHABLE)
+
+
+def test_no_consumer_spells_a_variant_name():
+    # config/presets.py names preset files (ds_configs/zero3_offload.json offloads parameters too): another namespace.
+    variants = [name for name in STRATEGIES if "_" in name]
+    registry = PACKAGE / "strategies" / "__init__.py"
+    consumers = ("bench", "plan", "commands", "strategies", "train")
+    for path in (p for folder in consumers for p in (PACKAGE / folder).rglob("*.py")):
+        if path != registry:
+            text = path.read_text(encoding="utf-8")
+            assert not [name for name in variants if f'"{name}"' in text], path
+
+
+def test_the_registry_and_the_planner_import_neither_torch_nor_deepspeed():
+    code = "import sys, zero_kit.strategies, zero_kit.plan; print(sorted({'torch', 'deepspeed'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out.replace("'", '"')) == []
+
+
+def test_state_bytes_as_dict_is_the_record_shape():
+    assert StateBytes(1, 2, 3).as_dict() == {"params": 1, "grads": 2, "optimizer": 3, "total": 6}
+    offloaded = model_state_bytes("zero3", 1000, 2, "bf16", offload_optimizer=True, offload_param=True).as_dict()
+    assert offloaded["total"] == 0 and offloaded["host_total"] > 0

@@ -1,0 +1,165 @@
+"""The recommendation of `zero-kit plan`: rank the options `zero_kit.plan.memory` evaluated (fits, then expected
+speed), explain the choice in plain words, or, when nothing fits, say what is short and which change would fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from zero_kit.plan.memory import GIB, Hardware, Option, Workload, evaluate_all
+
+SLOW_LINK_GBPS = 100.0  # below this, inter-node bytes dominate step time more than offload does
+
+
+def slow_link(hardware: Hardware) -> bool:
+    return hardware.nodes > 1 and hardware.inter_node_gbps is not None and hardware.inter_node_gbps < SLOW_LINK_GBPS
+
+
+def speed_key(option: Option, hardware: Hardware) -> tuple:
+    """Expected fastest first: no offload before offload (PCIe copies and CPU Adam cost more than collectives on a
+    fast fabric), then fewer bytes sent per step, then fewer GPU bytes (room for larger micro batches).
+    On a slow inter-node link the bytes sent come first."""
+    offload = int(option.info.offload_optimizer) + int(option.info.offload_param)
+    total = option.gpu_bytes()["total"]
+    if slow_link(hardware):
+        return (option.comm_bytes_per_step, offload, total)
+    return (offload, option.comm_bytes_per_step, total)
+
+
+def recommend(options: list[Option], hardware: Hardware) -> Option | None:
+    fitting = [o for o in options if o.fits]
+    return min(fitting, key=lambda o: speed_key(o, hardware)) if fitting else None
+
+
+@dataclass
+class Plan:
+    work: Workload
+    hardware: Hardware
+    options: list[Option]
+    recommended: Option | None
+    reasons: list[str]
+
+
+def make_plan(work: Workload, hardware: Hardware) -> Plan:
+    options = evaluate_all(work, hardware)
+    best = recommend(options, hardware)
+    reasons = explain(best, options, work, hardware) if best else refusal(options, work, hardware)
+    return Plan(work, hardware, options, best, reasons)
+
+
+def gib(value: int | float) -> str:
+    return f"{value / GIB:.1f} GiB"
+
+
+def _by_label(options: list[Option]) -> dict[str, Option]:
+    return {o.label: o for o in options}
+
+
+def explain(best: Option, options: list[Option], work: Workload, hardware: Hardware) -> list[str]:
+    """Plain-words reasons for the recommendation."""
+    total = best.gpu_bytes()["total"]
+    reasons = [
+        f"{best.label} needs {gib(total)} per GPU of {gib(hardware.usable_gpu_mem)} usable "
+        f"({gib(hardware.gpu_mem)} less a {hardware.margin:.0%} margin), {gib(hardware.usable_gpu_mem - total)} spare.",
+        _why(best, _by_label(options)),
+    ]
+    if slow_link(hardware):
+        reasons.append(
+            f"The inter-node link ({hardware.inter_node_gbps:g} Gbit/s) is slow, so options sending fewer bytes per"
+            " step rank first, even before avoiding offload."
+        )
+    reasons += _host_warnings(options, hardware)
+    reasons.append(
+        "Ranking: fits with the margin; then no offload before offload; then fewer bytes sent per step; then fewer"
+        " GPU bytes (room for a larger micro batch)."
+    )
+    return reasons
+
+
+def _why(best: Option, by: dict[str, Option]) -> str:
+    sent = f"sends {gib(best.comm_bytes_per_step)} per step"
+    if best.offload == "none" and best.strategy in ("ddp", "zero0", "zero1", "zero2"):
+        return (
+            f"The parameters fit on every GPU unsharded, so no parameter all-gathers are needed: {best.label} "
+            f"{sent}, against {gib(by['zero3'].comm_bytes_per_step)} for ZeRO-3 and "
+            f"{gib(by['ddp'].comm_bytes_per_step)} for DDP (which all-reduces fp32 gradients)."
+        )
+    if best.offload == "none":
+        smallest = min(by[name].gpu_bytes()["total"] for name in ("ddp", "zero0", "zero1", "zero2"))
+        return (
+            "DDP and ZeRO-0/1/2 keep a full copy of the parameters on every GPU and do not fit (the smallest of them "
+            f"needs {gib(smallest)}), so parameters must be sharded: {best.label} gathers them in forward and "
+            f"backward and {sent}."
+        )
+    fitting = sorted((o for o in by.values() if o.fits and o.offload == "none"), key=lambda o: o.comm_bytes_per_step)
+    lead = (
+        f"{fitting[0].label} fits without offload but sends {gib(fitting[0].comm_bytes_per_step)} per step; "
+        if fitting
+        else "Nothing fits in GPU memory without offload; "
+    )
+    moved = "optimizer states and parameters" if "param" in best.offload else "optimizer states"
+    return (
+        f"{lead}offloading moves {moved} to host RAM ({gib(best.host_bytes)} per node), paid for by PCIe copies every"
+        " step and Adam on the CPU: expect much slower steps than without offload."
+    )
+
+
+def _host_warnings(options: list[Option], hardware: Hardware) -> list[str]:
+    short = [o for o in options if o.fits_gpu and o.fits_host is False and o.offload != "none"]
+    if not short:
+        return []
+    o = min(short, key=lambda x: x.host_bytes)
+    return [
+        f"Host RAM too small for offload: {o.label} would fit the GPUs but needs {gib(o.host_bytes)} of host RAM"
+        f" per node, {gib(o.host_bytes - (hardware.host_mem or 0))} more than the {gib(hardware.host_mem or 0)} given."
+    ]
+
+
+def refusal(options: list[Option], work: Workload, hardware: Hardware) -> list[str]:
+    """Nothing fits: what is short, by how much, and what would fit instead."""
+    closest = min(options, key=lambda o: o.gpu_bytes()["total"])
+    need = closest.gpu_bytes()["total"]
+    lines = [
+        f"Nothing fits. The smallest option, {closest.label}, needs {gib(need)} per GPU; "
+        f"{gib(hardware.usable_gpu_mem)} is usable, short by {gib(need - hardware.usable_gpu_mem)}."
+    ]
+    lines += _host_warnings(options, hardware)
+    lines += [f"Would fit: {alternative}" for alternative in alternatives(work, hardware)]
+    return lines
+
+
+def alternatives(work: Workload, hardware: Hardware) -> list[str]:
+    """Changes to the hardware or the run that would make some option fit (the first that works of each kind)."""
+    tries = [
+        [
+            (
+                f"{hardware.nodes * k} nodes of {hardware.gpus_per_node} GPUs",
+                work,
+                replace(hardware, nodes=hardware.nodes * k),
+            )
+            for k in (2, 4, 8, 16, 32, 64, 128)
+        ],
+        [
+            (f"GPUs with {gb} GB each ({hardware.world_size} of them)", work, replace(hardware, gpu_mem=gb * 10**9))
+            for gb in (24, 40, 48, 80, 94, 141, 192)
+            if gb * 10**9 > hardware.gpu_mem
+        ],
+        [("--activation-checkpointing", replace(work, activation_checkpointing=True), hardware)]
+        if not work.activation_checkpointing
+        else [],
+        [("--micro-batch 1", replace(work, micro_batch=1), hardware)] if work.micro_batch > 1 else [],
+        [("LoRA (--lora-r 16)", replace(work, lora_r=16), hardware)] if not work.lora_r else [],
+        [("more host RAM", work, replace(hardware, host_mem=None))] if hardware.host_mem is not None else [],
+    ]
+    found = []
+    for kind in tries:
+        for text, changed_work, changed_hardware in kind:
+            option = recommend(evaluate_all(changed_work, changed_hardware), changed_hardware)
+            if option:
+                found.append(
+                    f"{text} with {option.label} ({gib(option.gpu_bytes()['total'])} per GPU, {gib(option.host_bytes)} host RAM per node)"
+                )
+                break
+    if not found and not work.activation_checkpointing:  # two changes: checkpointing plus one of the others
+        both = alternatives(replace(work, activation_checkpointing=True), hardware)
+        found = [f"--activation-checkpointing and {text}" for text in both if not text.startswith("no tried")]
+    return found or ["no tried change (up to 128x the nodes, 192 GB GPUs, checkpointing, LoRA r=16) is enough"]
