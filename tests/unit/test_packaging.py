@@ -118,6 +118,20 @@ def test_design_contract_flags_exist(name):
     assert not missing, f"zero-kit {name} lost contract flags {sorted(missing)} (see shared/DESIGN.md)"
 
 
+FLAGS_FILE = Path(__file__).with_name("cli_flags.json")
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_cli_is_frozen_exactly(name):
+    """Every flag of every command is listed in cli_flags.json: an added flag fails as surely as a lost one, so
+    a change to the CLI is a conscious one (edit the file in the same commit)."""
+    import json
+
+    frozen = set(json.loads(FLAGS_FILE.read_text())[name])
+    now = _flags(name)
+    assert now == frozen, f"zero-kit {name}: added {sorted(now - frozen)}, lost {sorted(frozen - now)} ({FLAGS_FILE})"
+
+
 def test_console_script_runs():
     out = subprocess.run(
         [sys.executable, "-m", "zero_kit.cli", "--version"], capture_output=True, text=True, timeout=60

@@ -264,12 +264,12 @@ def _print_start(opts, args, held, stats, resume_from, stage) -> None:
 def _trainer(opts, args, model, tokenizer, dataset, collator, output: Path, run_info: dict):
     from transformers import PrinterCallback, Trainer
 
-    from zero_kit.hf import ThroughputCallback
     from zero_kit.train.callbacks import (
         CompleteCheckpointCallback,
         PreemptionCallback,
         ProgressCallback,
         SaveAtEndCallback,
+        ThroughputCallback,
     )
 
     throughput = ThroughputCallback(model, seq_len=opts.max_length)

@@ -1,0 +1,120 @@
+"""The package's structure, as docs/ARCHITECTURE.md draws it, checked from the code's own imports (every import,
+also those inside functions): no import cycle between modules, no import that runs back up the layers, at most
+ten modules directly in zero_kit/, and no file over 400 lines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "zero_kit"
+# Bottom to top: a unit may import units of its own layer or below, never above (cli and commands are the edge).
+LAYERS = [
+    {"errors", "dist", "metrics", "options"},
+    {"model", "launch", "config", "data"},
+    {"strategies", "lint"},
+    {"plan"},
+    {"train", "bench"},
+    {"hf"},
+    {"commands"},
+    {"cli", "__init__"},
+]
+SAME_LAYER_FORBIDDEN = {("train", "bench"), ("bench", "train"), ("lint", "strategies"), ("strategies", "lint")}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """zero_kit modules `path` imports, as dotted names (a `from pkg import name` counts as pkg.name if that
+    is a module, else as pkg)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "zero_kit"}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "zero_kit":
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                found.add(candidate if candidate in MODULES else node.module)
+    return found
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+GRAPH = {name: _imports(path) - {name} for name, path in MODULES.items()}
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _layer(unit: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if unit in layer)
+
+
+def test_every_unit_has_a_layer():
+    units = {_unit(m) for m in MODULES}
+    assert units <= set().union(*LAYERS), f"place {sorted(units - set().union(*LAYERS))} in LAYERS and the docs"
+
+
+def test_no_import_runs_back_up_the_layers():
+    upward = [
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        for target in targets
+        if _unit(target) != _unit(module)
+        and (
+            _layer(_unit(target)) > _layer(_unit(module))
+            or (_unit(module), _unit(target)) in SAME_LAYER_FORBIDDEN
+        )
+        and not (_unit(module) == "__init__" or _unit(target) == "__init__" and target == "zero_kit")
+    ]
+    assert not upward, upward
+
+
+def test_no_import_cycles():
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(GRAPH.get(node, ())):
+            if nxt not in GRAPH:
+                continue
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, cycles
+
+
+def test_a_package_imports_its_own_init_only_from_outside():
+    """A subpackage's __init__ re-exports its public face; its own modules import each other directly, or the
+    __init__ would run half-built (the way the old lint <-> lint_rules cycle was held open)."""
+    inward = [
+        f"{m} imports {t}"
+        for m, targets in GRAPH.items()
+        for t in targets
+        if t.count(".") == 1 and m.startswith(t + ".") and MODULES[t].name == "__init__.py"
+    ]
+    assert not inward, inward
+
+
+def test_at_most_ten_modules_directly_in_zero_kit():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 10, top
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_file_over_400_lines(path):
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= 400, f"{path}: {lines} lines; split it by responsibility"
