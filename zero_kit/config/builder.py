@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from zero_kit.config.spec import ZeroSpec
@@ -275,17 +276,44 @@ def _batch_section(spec: ZeroSpec) -> dict[str, Any]:
     }
 
 
-def build_ds_config(spec: ZeroSpec) -> dict[str, Any]:
-    """The DeepSpeed config for `spec`. Raises UserError / BatchSizeError for impossible combinations."""
+@dataclass(frozen=True)
+class RunAdjustments:
+    """What a run (not a user's flag) changes in the generated config; the builder applies it, so no caller
+    edits the dict afterwards."""
+
+    client_optimizer: bool = False
+    """The caller passes its own optimizer to deepspeed.initialize: no "optimizer" section."""
+    torch_adam: bool = False
+    """Use torch.optim.AdamW inside DeepSpeed (`torch_adam`): on CPU, FusedAdam's step count does not survive a
+    checkpoint round trip bit for bit, torch's does."""
+    steps_per_print: int = 100
+    """DeepSpeed's periodic log interval (raised where it would interleave with a progress display)."""
+    zero_overrides: Mapping[str, Any] = field(default_factory=dict)
+    """zero_optimization keys a named variant changes (the strategy registry's zero_overrides)."""
+
+
+def build_ds_config(spec: ZeroSpec, run: RunAdjustments | None = None) -> dict[str, Any]:
+    """The DeepSpeed config for `spec` (adjusted for `run`). Raises UserError / BatchSizeError for impossible
+    combinations."""
     check_spec(spec)
+    run = run or RunAdjustments()
     config: dict[str, Any] = _batch_section(spec)
     config["gradient_clipping"] = AUTO if spec.hf_auto else spec.gradient_clipping
     config.update(_precision_sections(spec))
-    config["optimizer"] = _optimizer_section(spec)
-    config["zero_optimization"] = _zero_section(spec)
-    config["steps_per_print"] = 100
+    if not run.client_optimizer:
+        config["optimizer"] = with_torch_adam(_optimizer_section(spec)) if run.torch_adam else _optimizer_section(spec)
+    config["zero_optimization"] = {**_zero_section(spec), **run.zero_overrides}
+    config["steps_per_print"] = run.steps_per_print
     config["wall_clock_breakdown"] = False
     return config
+
+
+def with_torch_adam(optimizer: Any) -> Any:
+    """An Adam/AdamW optimizer section that asks DeepSpeed for torch's AdamW (a copy; others unchanged)."""
+    if not isinstance(optimizer, dict) or str(optimizer.get("type", "")).lower() not in ("adam", "adamw"):
+        return optimizer
+    params = optimizer.get("params") if isinstance(optimizer.get("params"), dict) else {}
+    return {**optimizer, "params": {"torch_adam": True, **params}}
 
 
 def dumps(config: dict[str, Any]) -> str:

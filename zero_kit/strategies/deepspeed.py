@@ -18,13 +18,15 @@ from zero_kit.strategies.base import Strategy as _Base
 from zero_kit.strategies.base import StrategyOptions, make_optimizer, optimizer_state_tensors
 
 
-def ds_config_for(options: StrategyOptions, stage: int, offload_optimizer: str, hidden_size: int) -> dict[str, Any]:
+def ds_config_for(
+    options: StrategyOptions, stage: int, offload_optimizer: str, hidden_size: int, zero: dict[str, Any]
+) -> dict[str, Any]:
     """The generator's config for this run. Changes, and why:
     - without offload the "optimizer" section is dropped and the same torch AdamW as DDP/FSDP2 is passed as a
       client optimizer: DeepSpeed's own AdamW choice (FusedAdam / CPU Adam) would make fp32 parity a test of
       optimizer kernels instead of ZeRO;
     - steps_per_print is raised so DeepSpeed's periodic log does not interleave with the progress display."""
-    from zero_kit.config.builder import build_ds_config
+    from zero_kit.config.builder import RunAdjustments, build_ds_config
     from zero_kit.config.spec import ZeroSpec
 
     spec = ZeroSpec(
@@ -39,11 +41,8 @@ def ds_config_for(options: StrategyOptions, stage: int, offload_optimizer: str, 
         weight_decay=options.weight_decay,
         gradient_clipping=options.gradient_clipping,
     )
-    config = build_ds_config(spec)
-    if offload_optimizer == "none":
-        config.pop("optimizer", None)
-    config["steps_per_print"] = 1_000_000
-    return config
+    run = RunAdjustments(client_optimizer=offload_optimizer == "none", steps_per_print=1_000_000, zero_overrides=zero)
+    return build_ds_config(spec, run)
 
 
 class DeepSpeedStrategy(_Base):
@@ -54,8 +53,8 @@ class DeepSpeedStrategy(_Base):
 
         self.options = options
         self.name = name
-        self.config = ds_config_for(options, stage, offload_optimizer, model.config.hidden_size)
-        self.config["zero_optimization"].update(zero)  # named variants only (the registry's zero_overrides)
+        # zero: the named variants' zero_optimization keys (the registry's zero_overrides)
+        self.config = ds_config_for(options, stage, offload_optimizer, model.config.hidden_size, zero)
         client = make_optimizer(model.parameters(), options) if offload_optimizer == "none" else None
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=self.config)
         if options.compile:

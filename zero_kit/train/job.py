@@ -46,9 +46,10 @@ def _run_rank(opts: TrainOptions) -> int:
     from zero_kit.train.trainer_config import adopt_file_values, trainer_ds_config
 
     output = Path(opts.output)
-    ds_config = trainer_ds_config(opts)
+    import torch
+
+    ds_config = trainer_ds_config(opts, torch_adam=not torch.cuda.is_available())
     opts = adopt_file_values(opts, ds_config)
-    _use_torch_adam_on_cpu(ds_config)
     # TrainingArguments(deepspeed=...) must exist before the model: it registers HfDeepSpeedConfig, so a
     # ZeRO-3 model is built inside deepspeed.zero.Init and no rank ever holds all of it.
     args = _training_arguments(opts, ds_config, output)
@@ -112,20 +113,6 @@ def _training_arguments(opts: TrainOptions, ds_config: dict, output: Path):
         dataloader_num_workers=0,
         save_only_model=False,
     )
-
-
-def _use_torch_adam_on_cpu(ds_config: dict) -> None:
-    """On CPU without optimizer offload DeepSpeed picks FusedAdam, whose step count does not survive a
-    checkpoint round trip bit for bit; torch.optim.AdamW (`torch_adam`) keeps its step in the saved state,
-    so a resumed run is bitwise equal to an uninterrupted one. GPUs keep FusedAdam."""
-    import torch
-
-    optimizer = ds_config.get("optimizer")
-    offload = ds_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none")
-    if torch.cuda.is_available() or not isinstance(optimizer, dict) or offload not in (None, "none"):
-        return
-    if str(optimizer.get("type", "")).lower() in ("adam", "adamw"):
-        optimizer.setdefault("params", {}).setdefault("torch_adam", True)
 
 
 def _init_deepspeed_comm(args) -> None:

@@ -122,9 +122,7 @@ def check_options(opts: TrainOptions) -> None:
     if opts.lora_r is None and opts.lora_alpha is not None:
         problems.append(UserError("--lora-alpha was given without --lora-r", "add --lora-r R, or drop --lora-alpha"))
     if opts.resume in ("", None):
-        problems.append(
-            UserError("--resume is empty", "pass --resume auto, --resume never or --resume CHECKPOINT_DIR")
-        )
+        problems.append(UserError("--resume is empty", "pass --resume auto, --resume never or --resume CHECKPOINT_DIR"))
     raise_all(problems, "in the flags")
 
 
