@@ -24,7 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hosts", default="", help="comma-separated host names for --write-hostfile")
     parser.add_argument("--master-addr", default=None, help="first node's address (default: first hostfile host)")
     parser.add_argument("--master-port", type=int, default=29700, help="rendezvous port")
-    parser.add_argument("--module", default="zero_kit.bench", help="python module each rank runs")
+    parser.add_argument(
+        "--module",
+        default=None,
+        help="python module each rank runs (default: zero_kit.cli when the arguments after -- start with a"
+        " zero-kit command such as train, else a zero-kit bench rank, zero_kit.bench)",
+    )
     parser.add_argument("--job-name", default="zero-kit", help="SLURM job name")
     parser.add_argument("--time", default="01:00:00", help="SLURM time limit")
     parser.add_argument("--partition", default=None, help="SLURM partition")
@@ -33,9 +38,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("module_args", nargs=argparse.REMAINDER, help="arguments after -- go to the module")
 
 
+RANK_COMMANDS = ("train",)
+"""zero-kit commands that run as one rank under a launcher (`-- train ...` runs `zero_kit.cli train ...`)."""
+
+
 def _module_args(args: argparse.Namespace) -> list[str]:
     rest = list(args.module_args)
     return rest[1:] if rest[:1] == ["--"] else rest
+
+
+def _module(args: argparse.Namespace) -> str:
+    if args.module:
+        return args.module
+    return "zero_kit.cli" if _module_args(args)[:1] and _module_args(args)[0] in RANK_COMMANDS else "zero_kit.bench"
 
 
 def _emit(text: str, output: str | None) -> None:
@@ -58,10 +73,10 @@ def _per_node_commands(args: argparse.Namespace) -> str:
     lines = []
     for rank, (host, slots) in enumerate(hosts):
         if args.launcher == "deepspeed":
-            cmd = deepspeed_command(args.module, _module_args(args), nproc=slots, master_port=args.master_port,
+            cmd = deepspeed_command(_module(args), _module_args(args), nproc=slots, master_port=args.master_port,
                                     hostfile=args.hostfile, node_rank=rank, master_addr=master, launcher="deepspeed")  # fmt: skip
         else:
-            cmd = torchrun_command(args.module, _module_args(args), nproc=slots, master_port=args.master_port,
+            cmd = torchrun_command(_module(args), _module_args(args), nproc=slots, master_port=args.master_port,
                                    nnodes=len(hosts), node_rank=rank, master_addr=master, python="python")  # fmt: skip
         lines.append(f"# on {host}\n{shlex.join(cmd)}")
     return "\n".join(lines) + "\n"
@@ -76,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--write-hostfile needs --hosts", "pass --hosts node1,node2")
         _emit(hostfile_text(hosts, args.gpus_per_node), args.write_hostfile)
     elif args.slurm:
-        job = SlurmJob(nodes=args.nodes, gpus_per_node=args.gpus_per_node, launcher=args.launcher, module=args.module,
+        job = SlurmJob(nodes=args.nodes, gpus_per_node=args.gpus_per_node, launcher=args.launcher, module=_module(args),
                        args=tuple(_module_args(args)), job_name=args.job_name, time=args.time,
                        partition=args.partition, master_port=args.master_port, venv=args.venv)  # fmt: skip
         _emit(sbatch_script(job), args.output)

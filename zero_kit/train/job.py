@@ -27,7 +27,8 @@ def run_train(opts: TrainOptions) -> int:
     check_options(opts)
     os.environ.update(slurm_to_torch_env(dict(os.environ)))
     if not under_launcher():
-        if opts.nproc and opts.nproc > 1 and not os.environ.get(RELAUNCHED):
+        wants_ranks = opts.hostfile or (opts.nproc and opts.nproc > 1)
+        if wants_ranks and not os.environ.get(RELAUNCHED):
             return relaunch(opts, opts.nproc)
         os.environ.update(single_process_env(opts.master_port or free_port()))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

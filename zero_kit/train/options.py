@@ -77,7 +77,10 @@ class TrainOptions(ZeroOptions):
     nproc: int | None = None
     """When started plainly: re-launch under the `deepspeed` launcher with N ranks on this machine."""
     master_port: int | None = None
-    """Rendezvous port for --nproc (default: a free port)."""
+    """Rendezvous port for --nproc (default: a free port) or --hostfile (default: 29500)."""
+    hostfile: str | None = None
+    """Hostfile ('HOST slots=N' per line): start the job on every host in it over pdsh/ssh with the deepspeed
+    launcher (remote ranks get their environment through OUTPUT/.deepspeed_env). Run it on the first host."""
     seed: int = 0
     """Seed for model init, data order and dropout."""
     log_steps: int = 1

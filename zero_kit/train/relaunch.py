@@ -7,38 +7,69 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from zero_kit.dist import free_port
+from zero_kit.errors import UserError
 from zero_kit.train.options import TrainOptions, options_to_argv
 
 RELAUNCHED = "ZERO_KIT_RELAUNCHED"
+DEFAULT_MASTER_PORT = 29500  # the deepspeed launcher's own default
 
 
-def relaunch_command(opts: TrainOptions, nproc: int, port: int) -> list[str]:
-    """`python -m deepspeed.launcher.runner --num_gpus N ... --module zero_kit.cli train <same flags>`.
-
-    On a CPU-only host DeepSpeed's CPU accelerator treats --num_gpus as the number of ranks."""
+def relaunch_command(opts: TrainOptions, nproc: int | None, port: int) -> list[str]:
+    """`python -m deepspeed.launcher.runner ... --module zero_kit.cli train <same flags>`: N ranks on this host
+    (`--num_gpus N`; on a CPU-only host DeepSpeed's CPU accelerator treats it as the number of ranks), or with
+    `--hostfile` every host in the file, started over pdsh/ssh (N then caps the ranks per host)."""
+    where = ["--hostfile", opts.hostfile] if opts.hostfile else []
     return [
         sys.executable,
         "-m",
         "deepspeed.launcher.runner",
-        "--num_gpus",
-        str(nproc),
+        *where,
+        *(["--num_gpus", str(nproc)] if nproc else []),
         "--master_port",
         str(port),
         "--no_local_rank",  # with --module the launcher would put --local_rank before our subcommand
         "--module",
         "zero_kit.cli",
         "train",
-        *options_to_argv(opts, drop=("nproc", "master_port")),
+        *options_to_argv(opts, drop=("nproc", "master_port", "hostfile")),
     ]
 
 
-def relaunch(opts: TrainOptions, nproc: int) -> int:
+# Remote ranks started over pdsh get only what the deepspeed launcher exports (PYTHON* and the lines of
+# .deepspeed_env); these are the variables a run may need there too.
+RANK_ENV_PREFIXES = ("ZERO_KIT_", "TORCH_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "NCCL_", "GLOO_", "OMP_")
+ENV_FILE = ".deepspeed_env"
+
+
+def write_rank_env(path: Path, environ: dict[str, str], user_file: Path = Path(ENV_FILE)) -> Path:
+    """DeepSpeed's env file for the remote ranks: the user's own ./.deepspeed_env (if any) plus our variables
+    from `environ`; the user's lines win. No blank lines: the launcher crashes on one."""
+    lines: dict[str, str] = {}
+    for name, value in sorted(environ.items()):
+        if name.startswith(RANK_ENV_PREFIXES) and "\n" not in value:
+            lines[name] = value
+    if user_file.is_file():
+        for raw in user_file.read_text(encoding="utf-8").splitlines():
+            if "=" in raw and not raw.lstrip().startswith("#"):
+                name, value = raw.split("=", 1)
+                lines[name.strip()] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{k}={v}\n" for k, v in lines.items()), encoding="utf-8")
+    return path
+
+
+def relaunch(opts: TrainOptions, nproc: int | None) -> int:
     """Run the same job under the `deepspeed` launcher and return its exit code."""
-    port = opts.master_port or free_port()
-    cmd = relaunch_command(opts, nproc, port)
     env = {**os.environ, RELAUNCHED: "1", "PYTHONUNBUFFERED": "1"}
+    if opts.hostfile:
+        _check_hostfile(opts.hostfile)
+        env["DS_ENV_FILE"] = str(write_rank_env(Path(opts.output).absolute() / ENV_FILE, env))
+    # With a hostfile the rendezvous is on the first host, whose free ports this host cannot see.
+    port = opts.master_port or (DEFAULT_MASTER_PORT if opts.hostfile else free_port())
+    cmd = relaunch_command(opts, nproc, port)
     print("zero-kit train: launching", " ".join(cmd[1:]), flush=True)
     proc = subprocess.Popen(cmd, env=env)
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: _forward_to_ranks(proc.pid, signum))
@@ -49,6 +80,17 @@ def relaunch(opts: TrainOptions, nproc: int) -> int:
         return proc.wait()
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _check_hostfile(path: str) -> None:
+    """A missing or malformed hostfile is the user's mistake: say which line, before pdsh says something vaguer."""
+    from zero_kit.launch import parse_hostfile
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise UserError(f"--hostfile {path}: cannot read it ({err.strerror})", "pass an existing hostfile") from None
+    parse_hostfile(text, path)
 
 
 def _forward_to_ranks(launcher_pid: int, signum: int) -> None:
