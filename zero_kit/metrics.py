@@ -7,6 +7,10 @@ Every figure says its unit and how it was measured:
 - "ring bytes" = bytes one rank sends under the bandwidth-optimal ring algorithm for a collective of that size:
   all-reduce 2(N-1)/N*S, all-gather (N-1)/N*S_out, reduce-scatter and reduce (N-1)/N*S_in, broadcast S.
   This is the accounting of the ZeRO paper (DDP 2Psi, ZeRO-3 3Psi per step), so ratios compare directly.
+- link tiers: the ring runs over the collective's group in rank order, and ranks r, r' share a node when
+  r // L == r' // L (L = ranks per node, the launcher's LOCAL_WORLD_SIZE / LOCAL_SIZE), as the deepspeed launcher
+  and torchrun number them. Each rank's ring bytes go to its ring successor; they are inter-node bytes when the
+  successor is on another node. A ring over one group spanning M nodes crosses nodes M times.
 - memory: peak RSS (getrusage) on CPU; CUDA max allocated / reserved on GPU.
 """
 
@@ -81,6 +85,12 @@ def ring_bytes(kind: str, payload: int, world: int) -> float:
     return factors[kind] * payload
 
 
+def ring_link_tier(group_ranks: list[int], rank: int, ranks_per_node: int) -> str:
+    """The tier of `rank`'s outgoing ring link in a group (ring in rank order; node of r = r // ranks_per_node)."""
+    successor = group_ranks[(group_ranks.index(rank) + 1) % len(group_ranks)]
+    return "intra_node" if rank // ranks_per_node == successor // ranks_per_node else "inter_node"
+
+
 @dataclass
 class CommCounter:
     """Counts collective calls and bytes while `active`. Install before any process group or DeepSpeed
@@ -91,12 +101,20 @@ class CommCounter:
     payload: dict[str, int] = field(default_factory=dict)
     sizes: dict[str, dict[int, int]] = field(default_factory=dict)
     sent: float = 0.0
+    sent_by_tier: dict[str, float] = field(default_factory=lambda: {"intra_node": 0.0, "inter_node": 0.0})
+    ranks_per_node: int = 0
+    """L of the link-tier model (0: read the launcher's environment at install)."""
+    _tiers: dict[int, str] = field(default_factory=dict)
     _local: threading.local = field(default_factory=threading.local)
     _originals: dict[str, Any] = field(default_factory=dict)
 
     def install(self) -> CommCounter:
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
+
+        from zero_kit.dist import local_world_size
+
+        self.ranks_per_node = self.ranks_per_node or local_world_size(0)
 
         for name in _COLLECTIVES:
             original = getattr(c10d, name, None) or getattr(dist, name, None)
@@ -142,19 +160,36 @@ class CommCounter:
         self.payload[name] = self.payload.get(name, 0) + payload
         by_size = self.sizes.setdefault(name, {})
         by_size[payload] = by_size.get(payload, 0) + 1
-        self.sent += ring_bytes(_COLLECTIVES[name], payload, world)
+        sent = ring_bytes(_COLLECTIVES[name], payload, world)
+        self.sent += sent
+        self.sent_by_tier[self._tier(group)] += sent
+
+    def _tier(self, group) -> str:
+        """The link tier this rank's ring bytes cross in `group`: to its ring successor's node or within its own."""
+        import torch.distributed as dist
+
+        key = id(group)
+        if key not in self._tiers:
+            if not dist.is_initialized() or self.ranks_per_node < 1:
+                self._tiers[key] = "intra_node"
+            else:
+                ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+                self._tiers[key] = ring_link_tier(ranks, dist.get_rank(), self.ranks_per_node)
+        return self._tiers[key]
 
     def reset(self) -> None:
         self.calls.clear()
         self.payload.clear()
         self.sizes.clear()
         self.sent = 0.0
+        self.sent_by_tier = {tier: 0.0 for tier in self.sent_by_tier}
 
     def summary(self, steps: int) -> dict[str, Any]:
         """Per-step figures over `steps` counted steps."""
         steps = max(steps, 1)
         return {
             "ring_bytes_sent_per_rank": self.sent / steps,
+            "ring_bytes_sent_by_tier": {tier: sent / steps for tier, sent in self.sent_by_tier.items()},
             "payload_bytes_by_op": {k: v / steps for k, v in sorted(self.payload.items())},
             "calls_by_op": {k: v / steps for k, v in sorted(self.calls.items())},
             "payload_sizes_by_op": {

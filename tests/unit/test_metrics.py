@@ -58,3 +58,13 @@ def test_counter_sees_calls_only_while_active_and_uninstalls(tmp_path):
         if dist.is_initialized():
             dist.destroy_process_group()
     assert dist.all_reduce is original
+
+
+def test_ring_link_tiers_in_rank_order():
+    from zero_kit.metrics import ring_link_tier
+
+    world = [0, 1, 2, 3]  # two nodes of two ranks: the ring crosses nodes twice (1 -> 2 and 3 -> 0)
+    assert [ring_link_tier(world, r, 2) for r in world] == ["intra_node", "inter_node", "intra_node", "inter_node"]
+    assert {ring_link_tier([2, 3], r, 2) for r in (2, 3)} == {"intra_node"}  # a group inside one node
+    assert {ring_link_tier([1, 3], r, 2) for r in (1, 3)} == {"inter_node"}  # one rank per node
+    assert {ring_link_tier(world, r, 4) for r in world} == {"intra_node"}  # one node

@@ -57,7 +57,9 @@ def build_record(
     world = dist.get_world_size()
     mine = StateBytes(result["bytes"][0], result["bytes"][1], result["bytes"][2]).as_dict()
     per_rank: list[Any] = [None] * world
-    dist.all_gather_object(per_rank, {"state": mine, "mem": peak_memory(device.split(":")[0])})
+    steps = opts.steps - opts.warmup
+    tiers = counter.summary(steps)["ring_bytes_sent_by_tier"]
+    dist.all_gather_object(per_rank, {"state": mine, "mem": peak_memory(device.split(":")[0]), "tiers": tiers})
     cfg = model.config
     n_params = strategy.n_params  # counted before wrapping: ZeRO-3 empties the module parameters
     tokens = opts.micro_batch * opts.grad_accum * opts.seq_len
@@ -68,6 +70,7 @@ def build_record(
         "strategy": strategy.name,
         "world_size": world,
         "nnodes": world // local_world_size(world),
+        "ranks_per_node": local_world_size(world),
         "precision": opts.precision,
         "device": device.split(":")[0],
         "model": {
@@ -88,7 +91,14 @@ def build_record(
         "tokens_per_s": {"per_rank": per_rank_tps, "total": per_rank_tps * world},
         "model_state_bytes_per_rank": {**mine, "all_ranks": [r["state"] for r in per_rank], "how": strategy.notes()},
         "peak_mem_bytes": {k: max(r["mem"][k] for r in per_rank) for k in per_rank[0]["mem"]},
-        "comm_bytes_per_step": counter.summary(opts.steps - opts.warmup),
+        "comm_bytes_per_step": {
+            **counter.summary(steps),
+            # All ranks together, per link tier (the ring model in zero_kit.metrics): what crosses the slow link.
+            "ring_bytes_sent_all_ranks_by_tier": {
+                tier: sum(r["tiers"][tier] for r in per_rank) for tier in ("intra_node", "inter_node")
+            },
+            "ranks_per_node": counter.ranks_per_node or world,
+        },
         "deepspeed_comms_logger_per_step": result["ds_comms_log"],  # --ds-comms-log: DeepSpeed's own view
         "compiled_graphs": _compiled_graphs() if opts.compile else None,  # proof that torch.compile really ran
         "flops_per_token": fpt,
