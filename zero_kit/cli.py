@@ -81,6 +81,9 @@ def console() -> None:
         code = main()
     except SystemExit as done:  # argparse's usage errors
         code = 0 if done.code is None else done.code if isinstance(done.code, int) else 2
+    except BrokenPipeError:  # output piped into `head` and friends, which stopped reading: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        code = 0
     if is_multi_rank_process():
         exit_rank(code)  # no interpreter teardown: see there
     sys.exit(code)

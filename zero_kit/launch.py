@@ -17,6 +17,10 @@ from typing import Literal
 from zero_kit.errors import UserError
 
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.\-_]*$")
+# Ranks started over pdsh/ssh get only what the deepspeed launcher exports (PYTHON* and the lines of
+# .deepspeed_env, see write_rank_env); these are the variables a run may need there too.
+RANK_ENV_PREFIXES = ("ZERO_KIT_", "TORCH_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "NCCL_", "GLOO_", "OMP_")
+ENV_FILE = ".deepspeed_env"
 
 
 def deepspeed_launcher() -> str:
@@ -113,14 +117,11 @@ class SlurmJob:
     """Directory of the virtual environment to activate on every node (default: the current one)."""
 
 
-def sbatch_script(job: SlurmJob) -> str:
-    """SLURM batch script: one srun task per node; each runs the deepspeed launcher (`--no_ssh`, node rank
-    from SLURM_NODEID) or torchrun (static rendezvous on the first node)."""
+def _sbatch_head(job: SlurmJob) -> list[str]:
     if job.nodes < 1 or job.gpus_per_node < 1:
         raise UserError(f"need --nodes >= 1 and --gpus-per-node >= 1, got {job.nodes} and {job.gpus_per_node}")
     venv = job.venv or str(Path(sys.executable).parent.parent)
-    args = " ".join(shlex.quote(a) for a in job.args)
-    head = [
+    return [
         "#!/bin/bash",
         f"#SBATCH --job-name={job.job_name}",
         f"#SBATCH --nodes={job.nodes}",
@@ -130,6 +131,25 @@ def sbatch_script(job: SlurmJob) -> str:
         *([f"#SBATCH --partition={job.partition}"] if job.partition else []),
         "set -euo pipefail",
         f"source {shlex.quote(venv)}/bin/activate",
+    ]
+
+
+def bench_sbatch_script(job: SlurmJob, bench_args: list[str]) -> str:
+    """SLURM batch script running a whole `zero-kit bench` in one allocation: the driver runs on the first node
+    and starts every strategy across all nodes with srun, one after another, into one results directory."""
+    body = [
+        "# zero-kit bench inside the allocation: one srun per strategy (deepspeed --no_ssh or torchrun per node).",
+        f"python -m zero_kit.cli bench {' '.join(shlex.quote(a) for a in bench_args)}",
+    ]
+    return "\n".join(_sbatch_head(job) + body) + "\n"
+
+
+def sbatch_script(job: SlurmJob) -> str:
+    """SLURM batch script: one srun task per node; each runs the deepspeed launcher (`--no_ssh`, node rank
+    from SLURM_NODEID) or torchrun (static rendezvous on the first node)."""
+    args = " ".join(shlex.quote(a) for a in job.args)
+    head = [
+        *_sbatch_head(job),
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"MASTER_PORT={job.master_port}",
         "export MASTER_ADDR MASTER_PORT",
@@ -140,14 +160,63 @@ def sbatch_script(job: SlurmJob) -> str:
             "# The deepspeed launcher reads the node list from a hostfile; --no_ssh: srun starts it on every node.",
             'export HOSTFILE="${SLURM_SUBMIT_DIR:-.}/hostfile.$SLURM_JOB_ID"',
             f'scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s/$/ slots={job.gpus_per_node}/" > "$HOSTFILE"',
-            'srun --ntasks-per-node=1 bash -c \'deepspeed --hostfile "$HOSTFILE" --no_ssh --node_rank "$SLURM_NODEID"'
-            f' --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" --module {job.module} "$@"\' node {args}',
         ]
     else:
-        body = [
-            "# torchrun with a static rendezvous: every node dials MASTER_ADDR:MASTER_PORT.",
-            f"srun --ntasks-per-node=1 bash -c 'python -m torch.distributed.run --nnodes {job.nodes}"
-            f' --node_rank "$SLURM_NODEID" --nproc_per_node {job.gpus_per_node}'
-            f' --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" -m {job.module} "$@"\' node {args}',
-        ]
+        body = ["# torchrun with a static rendezvous: every node dials MASTER_ADDR:MASTER_PORT."]
+    line = node_launcher_line(job.launcher, job.module, job.nodes, job.gpus_per_node)
+    body.append(f"srun --ntasks-per-node=1 bash -c {shlex.quote(line)} node {args}")
     return "\n".join(head + body) + "\n"
+
+
+def node_launcher_line(launcher: str, module: str, nodes: int, ranks_per_node: int) -> str:
+    """What srun runs on every node, as bash: the deepspeed launcher in `--no_ssh` mode (node list in $HOSTFILE)
+    or torchrun with a static rendezvous; $SLURM_NODEID, $MASTER_ADDR and $MASTER_PORT expand on the node, the
+    rank module's arguments follow as "$@"."""
+    if launcher == "deepspeed":
+        return (
+            'deepspeed --hostfile "$HOSTFILE" --no_ssh --node_rank "$SLURM_NODEID"'
+            f' --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" --module {module} "$@"'
+        )
+    return (
+        f"python -m torch.distributed.run --nnodes {nodes}"
+        f' --node_rank "$SLURM_NODEID" --nproc_per_node {ranks_per_node}'
+        f' --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" -m {module} "$@"'
+    )
+
+
+def srun_command(launcher: str, module: str, args: list[str], *, nodes: int, ranks_per_node: int) -> list[str]:
+    """Inside an allocation: one srun task per node, each running `node_launcher_line` (the caller exports
+    MASTER_ADDR, MASTER_PORT and, for deepspeed, HOSTFILE)."""
+    line = node_launcher_line(launcher, module, nodes, ranks_per_node)
+    return ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", "bash", "-c", line, "node", *args]
+
+
+def slurm_nodes(environ: dict[str, str]) -> list[str]:
+    """The allocation's host names, in SLURM's order (`scontrol show hostnames`)."""
+    import subprocess
+
+    done = subprocess.run(
+        ["scontrol", "show", "hostnames", environ["SLURM_JOB_NODELIST"]], capture_output=True, text=True, timeout=60
+    )
+    if done.returncode != 0:
+        raise UserError(f"scontrol show hostnames failed: {done.stderr.strip()}", "run inside a SLURM allocation")
+    return done.stdout.split()
+
+
+def rank_env(environ: dict[str, str], user_file: Path = Path(ENV_FILE)) -> dict[str, str]:
+    """The variables ranks started over pdsh/ssh need: those of `environ` a run may use remotely, plus the user's
+    own ./.deepspeed_env lines (which win)."""
+    lines = {k: v for k, v in sorted(environ.items()) if k.startswith(RANK_ENV_PREFIXES) and "\n" not in v}
+    if user_file.is_file():
+        for raw in user_file.read_text(encoding="utf-8").splitlines():
+            if "=" in raw and not raw.lstrip().startswith("#"):
+                name, value = raw.split("=", 1)
+                lines[name.strip()] = value
+    return lines
+
+
+def write_rank_env(path: Path, environ: dict[str, str], user_file: Path = Path(ENV_FILE)) -> Path:
+    """`rank_env` as DeepSpeed's env file (point DS_ENV_FILE at it). No blank lines: the launcher crashes on one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{k}={v}\n" for k, v in rank_env(environ, user_file).items()), encoding="utf-8")
+    return path

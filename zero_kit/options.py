@@ -77,3 +77,18 @@ def dataclass_from_args(cls: type, args: argparse.Namespace, **overrides: typing
     values = {name: getattr(args, name) for name in names if hasattr(args, name)}
     values.update(overrides)
     return cls(**values)
+
+
+def options_to_argv(opts: typing.Any, *, drop: tuple[str, ...] = ()) -> list[str]:
+    """The flags that reproduce the dataclass `opts` (only non-default values), e.g. for a re-launch."""
+    argv: list[str] = []
+    for f in dataclasses.fields(opts):
+        value = getattr(opts, f.name)
+        if f.name in drop or value == f.default:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        else:
+            argv += [flag, str(value)]
+    return argv

@@ -53,3 +53,10 @@ class BenchOptions:
     """First rendezvous port; strategy i uses master_port + i."""
     timeout: int = 600
     """Seconds allowed per strategy run before it is killed and reported failed."""
+    hostfile: str | None = None
+    """Hostfile ('HOST slots=N' per line): run every strategy across its hosts (ZeRO: deepspeed over pdsh/ssh;
+    DDP/FSDP2: torchrun on each host over ssh). --out must be on a filesystem every host shares."""
+    nodes: int | None = None
+    """Nodes of the SLURM allocation (with --slurm)."""
+    gpus_per_node: int | None = None
+    """Ranks per node in a multi-node run (default: the hostfile's slots, else --nproc)."""

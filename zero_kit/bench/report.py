@@ -79,33 +79,36 @@ def _mib(n: float | None) -> str:
 
 def _row(r: dict[str, Any]) -> str:
     if r.get("failed"):
-        return f"| {r['strategy']} | {r['world_size']} | {r['precision']} | FAILED, see {r['log']} |" + " |" * 9
+        return f"| {r['strategy']} | {r['world_size']} | {r['precision']} | FAILED, see {r['log']} |" + " |" * 10
     s = r["model_state_bytes_per_rank"]
     pred = s.get("predicted") or {}
     err = s.get("error_vs_predicted")
     parity = r.get("loss_parity")
     parity_text = "-" if parity is None else ("yes" if parity else "NO") + f" ({r['max_abs_loss_diff_vs_ddp']:.1e})"
     ratio = r.get("comm_ratio_vs_ddp")
+    tiers = r["comm_bytes_per_step"].get("ring_bytes_sent_all_ranks_by_tier") or {}
+    nodes = r.get("nnodes", 1)
+    ranks = f"{r['world_size']} ({nodes}x{r['world_size'] // max(nodes, 1)})"
     cells = [
-        r["strategy"], r["world_size"], r["precision"], f"{r['step_time_s']:.3f}",
+        r["strategy"], ranks, r["precision"], f"{r['step_time_s']:.3f}",
         f"{r['tokens_per_s']['total']:.0f} ({r['tokens_per_s']['per_rank']:.0f})",
         f"{_mib(s['params'])} / {_mib(s['grads'])} / {_mib(s['optimizer'])}", _mib(s["total"]),
         f"{_mib(pred.get('total'))} = {pred.get('formula', pred.get('error', '-'))}",
         "-" if err is None else f"{100 * err:+.2f}%", _mib(r["peak_mem_bytes"].get("rss")),
         _mib(r["comm_bytes_per_step"]["ring_bytes_sent_per_rank"]), "-" if ratio is None else f"{ratio:.3f}",
-        parity_text,
+        _mib(tiers.get("inter_node")), parity_text,
     ]  # fmt: skip
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
 def markdown_table(records: list[dict[str, Any]]) -> str:
     header = (
-        "| strategy | ranks | precision | step time s (median) | tokens/s total (per rank) |"
+        "| strategy | ranks (nodes x per node) | precision | step time s (median) | tokens/s total (per rank) |"
         " state MiB/rank params / grads / optim | state MiB/rank measured | predicted MiB = formula |"
         " measured vs predicted (worst rank) | peak RSS MiB (max rank) | comm MiB/step/rank (ring) | comm / DDP |"
-        " loss = DDP within 1e-5 (max diff) |"
+        " inter-node MiB/step (all ranks) | loss = DDP within 1e-5 (max diff) |"
     )
-    lines = [header, "|" + "---|" * 13]
+    lines = [header, "|" + "---|" * 14]
     lines += [_row(r) for r in records]
     ok = [r for r in records if not r.get("failed")]
     if ok:
@@ -114,7 +117,9 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
         lines += ["", f"Model: {model}; batch: {r0['batch']}; steps {r0['steps']} (warm-up {r0['warmup']}"
                   " excluded from timing and bytes)", f"Versions: {r0['versions']}; hardware: {r0['hardware']}"]  # fmt: skip
         lines += ["", "Measured bytes are read from the live tensors (storages counted once); comm bytes are what one",
-                  "rank sends under the ring algorithm for each collective the counting wrapper saw (metrics.py)."]  # fmt: skip
+                  "rank sends under the ring algorithm for each collective the counting wrapper saw (metrics.py);",
+                  "inter-node bytes: every rank's ring bytes to a successor on another node, summed (ring in rank",
+                  "order, node = rank // ranks per node)."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -6,13 +6,28 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zero_kit.options import add_dataclass_arguments, dataclass_from_args
+from zero_kit.options import add_dataclass_arguments, dataclass_from_args, options_to_argv
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from zero_kit.bench import BenchOptions
 
     add_dataclass_arguments(parser, BenchOptions)
+    parser.add_argument(
+        "--slurm",
+        action="store_true",
+        help="write an sbatch script (-o FILE) that runs every strategy in one allocation of --nodes nodes with"
+        " --gpus-per-node ranks each, one after another, into one results directory (--out)",
+    )
+    parser.add_argument("-o", "--output", metavar="FILE", help="where --slurm writes the sbatch script")
+    parser.add_argument("--job-name", default="zero-kit-bench", help="SLURM job name (with --slurm)")
+    parser.add_argument("--time", default="02:00:00", help="SLURM time limit (with --slurm)")
+    parser.add_argument("--partition", default=None, help="SLURM partition (with --slurm)")
+    parser.add_argument(
+        "--report",
+        metavar="DIR",
+        help="only re-render table.md and the plots of DIR from its results.jsonl (runs gathered elsewhere)",
+    )
 
 
 def _progress(line: str) -> None:
@@ -27,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     from zero_kit.bench import BenchOptions, run_bench
     from zero_kit.errors import UserError
 
+    if args.report:
+        return _report(args.report)
     opts = dataclass_from_args(BenchOptions, args)
     if opts.nproc < 1 or opts.steps <= opts.warmup:
         raise UserError(
@@ -34,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
             f" --warmup {opts.warmup}",
             "e.g. --nproc 2 --steps 20 --warmup 3",
         )
+    if args.slurm:
+        return _write_sbatch(args, opts)
     records = run_bench(opts, progress=_progress)
     with open(f"{opts.out}/table.md", encoding="utf-8") as table:
         print(table.read())
@@ -41,3 +60,42 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print(f"zero-kit bench: failed: {', '.join(failed)} (logs in {opts.out}/logs)", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _write_sbatch(args: argparse.Namespace, opts) -> int:
+    """The sbatch script: the same bench, run by the driver inside the allocation (it launches with srun)."""
+    from pathlib import Path
+
+    from zero_kit.errors import UserError
+    from zero_kit.launch import SlurmJob, bench_sbatch_script
+
+    if not args.output or not opts.nodes or not opts.gpus_per_node or opts.hostfile:
+        raise UserError(
+            "--slurm needs -o FILE, --nodes N and --gpus-per-node G (and no --hostfile)",
+            "e.g. zero-kit bench --slurm --nodes 2 --gpus-per-node 8 --out bench_out -o bench.sbatch",
+        )
+    job = SlurmJob(nodes=opts.nodes, gpus_per_node=opts.gpus_per_node, launcher="deepspeed", module="zero_kit.cli",
+                   args=(), job_name=args.job_name, time=args.time, partition=args.partition)  # fmt: skip
+    bench_args = options_to_argv(opts, drop=("nodes",))
+    Path(args.output).write_text(bench_sbatch_script(job, bench_args), encoding="utf-8")
+    print(f"wrote {args.output}: sbatch --wait {args.output}, results in {opts.out}/", file=sys.stderr)
+    return 0
+
+
+def _report(directory: str) -> int:
+    import json
+    from pathlib import Path
+
+    from zero_kit.bench.report import write_outputs
+    from zero_kit.errors import UserError
+
+    path = Path(directory) / "results.jsonl"
+    try:
+        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, ValueError) as err:
+        raise UserError(
+            f"--report {directory}: cannot read {path} ({err})", "point at a zero-kit bench --out"
+        ) from None
+    write_outputs(records, Path(directory))
+    print((Path(directory) / "table.md").read_text(encoding="utf-8"))
+    return 0

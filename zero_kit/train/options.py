@@ -6,7 +6,6 @@ API (`zero_kit.hf.deepspeed_config`) takes exactly the same options as the CLI.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -87,21 +86,6 @@ class TrainOptions(ZeroOptions):
     """Log loss, learning rate and tokens/s every N optimizer steps."""
     collective_timeout: int = 600
     """Seconds a collective may wait before the job fails (a dead rank stops the job instead of hanging it)."""
-
-
-def options_to_argv(opts: TrainOptions, *, drop: tuple[str, ...] = ()) -> list[str]:
-    """The `zero-kit train` flags that reproduce `opts` (only non-default values), e.g. for a re-launch."""
-    argv: list[str] = []
-    for f in dataclasses.fields(TrainOptions):
-        value = getattr(opts, f.name)
-        if f.name in drop or value == f.default:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            argv.append(flag if value else "--no-" + flag[2:])
-        else:
-            argv += [flag, str(value)]
-    return argv
 
 
 def check_options(opts: TrainOptions) -> None:

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from zero_kit.dist import free_port
 from zero_kit.errors import UserError
-from zero_kit.train.options import TrainOptions, options_to_argv
+from zero_kit.launch import ENV_FILE, write_rank_env
+from zero_kit.options import options_to_argv
+from zero_kit.train.options import TrainOptions
 
 RELAUNCHED = "ZERO_KIT_RELAUNCHED"
 DEFAULT_MASTER_PORT = 29500  # the deepspeed launcher's own default
@@ -36,29 +38,6 @@ def relaunch_command(opts: TrainOptions, nproc: int | None, port: int) -> list[s
         "train",
         *options_to_argv(opts, drop=("nproc", "master_port", "hostfile")),
     ]
-
-
-# Remote ranks started over pdsh get only what the deepspeed launcher exports (PYTHON* and the lines of
-# .deepspeed_env); these are the variables a run may need there too.
-RANK_ENV_PREFIXES = ("ZERO_KIT_", "TORCH_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "NCCL_", "GLOO_", "OMP_")
-ENV_FILE = ".deepspeed_env"
-
-
-def write_rank_env(path: Path, environ: dict[str, str], user_file: Path = Path(ENV_FILE)) -> Path:
-    """DeepSpeed's env file for the remote ranks: the user's own ./.deepspeed_env (if any) plus our variables
-    from `environ`; the user's lines win. No blank lines: the launcher crashes on one."""
-    lines: dict[str, str] = {}
-    for name, value in sorted(environ.items()):
-        if name.startswith(RANK_ENV_PREFIXES) and "\n" not in value:
-            lines[name] = value
-    if user_file.is_file():
-        for raw in user_file.read_text(encoding="utf-8").splitlines():
-            if "=" in raw and not raw.lstrip().startswith("#"):
-                name, value = raw.split("=", 1)
-                lines[name.strip()] = value
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(f"{k}={v}\n" for k, v in lines.items()), encoding="utf-8")
-    return path
 
 
 def relaunch(opts: TrainOptions, nproc: int | None) -> int:
