@@ -12,7 +12,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "zero_kit"
 # Bottom to top: a unit may import units of its own layer or below, never above (cli and commands are the edge).
 LAYERS = [
-    {"errors", "dist", "metrics", "options"},
+    {"errors", "dist", "metrics", "options", "watchdog"},
     {"model", "launch", "config", "data"},
     {"strategies", "lint"},
     {"plan"},

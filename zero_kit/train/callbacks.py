@@ -106,6 +106,24 @@ class SaveAtEndCallback(TrainerCallback):
             control.should_save = True
 
 
+class HeartbeatCallback(TrainerCallback):
+    """Progress for the stall watchdog (zero_kit.watchdog): a beat at every step boundary, and the long phases
+    named as they start. Add it last: it reads the save decision the other callbacks made for this step."""
+
+    def __init__(self, heartbeat) -> None:
+        self.heartbeat = heartbeat
+
+    def on_step_end(self, args, state, control, **kwargs):
+        saving = control.should_save or control.should_training_stop
+        self.heartbeat.beat("save" if saving else "train", state.global_step)
+
+    def on_save(self, args, state, control, **kwargs):
+        self.heartbeat.beat("train", state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.heartbeat.beat("export", state.global_step)
+
+
 class PreemptionCallback(TrainerCallback):
     """SIGTERM (SLURM's notice before preemption) -> finish the current step, save a complete checkpoint, stop.
 

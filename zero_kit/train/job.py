@@ -18,6 +18,7 @@ from zero_kit.errors import UserError
 from zero_kit.train import checkpoint, preflight, universal
 from zero_kit.train.options import EXIT_PREEMPTED, TrainOptions, check_options, default_lr
 from zero_kit.train.relaunch import RELAUNCHED, relaunch
+from zero_kit.watchdog import HEARTBEAT_DIR, Heartbeat
 
 FINAL_DIR = "final"
 
@@ -44,17 +45,28 @@ def run_train(opts: TrainOptions) -> int:
 
 
 def _run_rank(opts: TrainOptions) -> int:
+    import torch
+
     from zero_kit.train.trainer_config import adopt_file_values, trainer_ds_config
 
     output = Path(opts.output)
-    import torch
-
     ds_config = trainer_ds_config(opts, torch_adam=not torch.cuda.is_available())
     opts = adopt_file_values(opts, ds_config)
     # TrainingArguments(deepspeed=...) must exist before the model: it registers HfDeepSpeedConfig, so a
     # ZeRO-3 model is built inside deepspeed.zero.Init and no rank ever holds all of it.
     args = _training_arguments(opts, ds_config, output)
     preflight.check_training_run(opts, ds_config, args)  # output dir, disk space, NVMe path, host RAM: before any work
+    heartbeat = None
+    if opts.stall_timeout > 0:
+        heartbeat = Heartbeat(output / HEARTBEAT_DIR, args.process_index, args.world_size, opts.stall_timeout).start()
+    try:
+        return _train(opts, ds_config, args, output, heartbeat)
+    finally:
+        if heartbeat is not None:
+            heartbeat.stop()
+
+
+def _train(opts: TrainOptions, ds_config: dict, args, output: Path, heartbeat) -> int:
     _init_deepspeed_comm(args)
     resume_from = _resolve_resume(opts, output, args)
     universal.prepare_resume(resume_from, args)  # written at another world size: convert, load_universal
@@ -65,7 +77,7 @@ def _run_rank(opts: TrainOptions) -> int:
         output.mkdir(parents=True, exist_ok=True)
         checkpoint.atomic_write_text(output / checkpoint.RUN_INFO, json.dumps(run_info, indent=1) + "\n")
         _print_start(opts, args, held, stats, resume_from, run_info["zero_stage"])
-    trainer, preemption = _trainer(opts, args, model, tokenizer, dataset, collator, output, run_info)
+    trainer, preemption = _trainer(opts, args, model, tokenizer, dataset, collator, output, run_info, heartbeat)
     with preflight.disk_errors_as_user_errors(output):  # a disk that fills up mid-run: a message, not a traceback
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     if preemption.stopped:
@@ -249,11 +261,12 @@ def _print_start(opts, args, held, stats, resume_from, stage) -> None:
     print(f"zero-kit train: {'resuming from ' + str(resume_from) if resume_from else 'starting fresh'}", flush=True)
 
 
-def _trainer(opts, args, model, tokenizer, dataset, collator, output: Path, run_info: dict):
+def _trainer(opts, args, model, tokenizer, dataset, collator, output: Path, run_info: dict, heartbeat):
     from transformers import PrinterCallback, Trainer
 
     from zero_kit.train.callbacks import (
         CompleteCheckpointCallback,
+        HeartbeatCallback,
         PreemptionCallback,
         ProgressCallback,
         SaveAtEndCallback,
@@ -268,6 +281,7 @@ def _trainer(opts, args, model, tokenizer, dataset, collator, output: Path, run_
         SaveAtEndCallback(),
         preemption,
         CompleteCheckpointCallback(output, opts.save_total_limit, run_info),
+        *([HeartbeatCallback(heartbeat)] if heartbeat is not None else []),  # last: sees this step's save decision
     ]
     trainer = Trainer(
         model=model,

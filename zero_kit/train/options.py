@@ -86,6 +86,9 @@ class TrainOptions(ZeroOptions):
     """Log loss, learning rate and tokens/s every N optimizer steps."""
     collective_timeout: int = 600
     """Seconds a collective may wait before the job fails (a dead rank stops the job instead of hanging it)."""
+    stall_timeout: float = 300
+    """End the whole job (exit 76, a report naming each rank's last phase) when no rank has made progress for this
+    many seconds; start-up, saves and the export may take 6x as long. 0 disables the watchdog."""
 
 
 def check_options(opts: TrainOptions) -> None:

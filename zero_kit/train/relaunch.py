@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from zero_kit.dist import free_port
@@ -49,16 +50,29 @@ def relaunch(opts: TrainOptions, nproc: int | None) -> int:
     # With a hostfile the rendezvous is on the first host, whose free ports this host cannot see.
     port = opts.master_port or (DEFAULT_MASTER_PORT if opts.hostfile else free_port())
     cmd = relaunch_command(opts, nproc, port)
+    started = time.time()
     print("zero-kit train: launching", " ".join(cmd[1:]), flush=True)
     proc = subprocess.Popen(cmd, env=env)
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: _forward_to_ranks(proc.pid, signum))
     try:
-        return proc.wait()
+        return _stall_aware(proc.wait(), Path(opts.output), started)
     except KeyboardInterrupt:
         proc.terminate()
         return proc.wait()
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _stall_aware(code: int, output: Path, started: float) -> int:
+    """The launcher's exit code, or EXIT_STALLED with the watchdog's report when the watchdog ended the job (the
+    launcher then reports whichever rank it saw first: 76, or a signal for a rank that had to be killed)."""
+    from zero_kit.watchdog import EXIT_STALLED, HEARTBEAT_DIR, read_marker
+
+    report = read_marker(output / HEARTBEAT_DIR, started) if code != 0 else None
+    if report is None:
+        return code
+    print(f"zero-kit train: the stall watchdog ended the job: {report}", file=sys.stderr, flush=True)
+    return EXIT_STALLED
 
 
 def _check_hostfile(path: str) -> None:

@@ -1,0 +1,76 @@
+"""The stall watchdog's parts without a process group: when a job counts as stalled, the report, the marker
+that only one guardian writes, a guardian ending a frozen (SIGSTOPped) process, and a rank's watcher thread
+leaving with EXIT_STALLED while its main thread is blocked."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from zero_kit.watchdog import EXIT_STALLED, LONG_PHASE_FACTOR, describe, guard, read_marker, stalled, write_marker
+
+
+def _beat(phase: str, age: float, now: float, step: int = 3) -> dict:
+    return {"rank": 0, "phase": phase, "step": step, "time": now - age, "host": "elsewhere", "pid": 1}
+
+
+def test_stalled_only_when_every_unfinished_rank_is_past_its_allowance():
+    now = since = 1000.0
+    assert stalled({0: _beat("train", 11, now), 1: _beat("train", 12, now)}, 10, now, since)
+    assert not stalled({0: _beat("train", 11, now), 1: _beat("train", 2, now)}, 10, now, since)  # one moves
+    assert not stalled({0: _beat("train", 11, now), 1: _beat("save", 30, now)}, 10, now, since)  # a long save
+    assert stalled({0: _beat("train", 11, now), 1: _beat("save", 10 * LONG_PHASE_FACTOR + 1, now)}, 10, now, since)
+    assert stalled({0: _beat("train", 11, now), 1: _beat("done", 500, now)}, 10, now, since)  # done ranks wait
+    assert not stalled({0: _beat("done", 500, now)}, 10, now, since)  # everyone done: nothing to end
+    assert not stalled({0: None, 1: _beat("train", 11, now)}, 10, now, since - 20)  # rank 0 still starting up
+
+
+def test_report_names_each_unfinished_rank_and_its_phase():
+    now = 1000.0
+    text = describe({0: _beat("train", 41, now, step=12), 1: None, 2: _beat("done", 1, now)}, 30, now)
+    assert "over 30 s" in text and "rank 0 on elsewhere: last in train at step 12, 41 s ago" in text
+    assert "rank 1: no heartbeat yet" in text and "rank 2" not in text
+
+
+def test_only_one_guardian_writes_the_marker(tmp_path):
+    assert write_marker(tmp_path, "first") and not write_marker(tmp_path, "second")
+    assert read_marker(tmp_path, since=time.time() - 5) == "first"
+    assert read_marker(tmp_path, since=time.time() + 60) is None  # a marker from before this run is ignored
+
+
+def test_guardian_kills_a_frozen_rank_and_reports_it(tmp_path):
+    frozen = subprocess.Popen(["sleep", "120"])
+    try:
+        os.kill(frozen.pid, signal.SIGSTOP)
+        since = time.time() - 10
+        beat = {"rank": 0, "phase": "train", "step": 5, "time": since, "host": os.uname().nodename, "pid": frozen.pid}
+        (tmp_path / "rank0.json").write_text(json.dumps(beat))
+        start = time.monotonic()
+        assert guard(tmp_path, 0, 1, 2.0, frozen.pid, since) == EXIT_STALLED
+        assert frozen.wait(timeout=10) == -signal.SIGKILL
+        assert time.monotonic() - start < 12  # poll + grace
+        report = read_marker(tmp_path, since)
+        assert "rank 0" in report and "last in train at step 5" in report and "stopped" in report, report
+    finally:
+        if frozen.poll() is None:
+            frozen.kill()
+
+
+def test_a_rank_blocked_in_its_main_thread_leaves_with_exit_stalled(tmp_path):
+    """The watcher thread ends the process while the main thread waits (as in a collective)."""
+    script = textwrap.dedent(f"""
+        import threading
+        from pathlib import Path
+        from zero_kit.watchdog import Heartbeat, write_marker
+        beat = Heartbeat(Path({str(tmp_path)!r}), rank=0, world_size=2, stall_timeout=3600).start()
+        write_marker(beat.directory, "rank 1 stopped")
+        threading.Event().wait()  # blocked for good
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_STALLED, done.stderr
+    assert "rank 0 stops: rank 1 stopped" in done.stderr

@@ -1,0 +1,214 @@
+"""The stall watchdog: a job in which no rank makes progress for `--stall-timeout` seconds is ended, on every
+node, with EXIT_STALLED and a report naming each rank's last phase.
+
+Why outside the training loop: a rank stuck in a collective (a peer frozen, a cut link) never returns to Python,
+and on gloo nothing times out reliably (a SIGSTOPped peer kept a job alive past 150 s with a 30 s collective
+timeout). So the moving parts are:
+
+- heartbeats: each rank writes DIR/rank{r}.json (atomic rename: phase, step, time, host, pid) at step
+  boundaries and when it enters a long phase (startup, save, export), which get a longer allowance. A
+  heartbeat is progress, never a timer: a rank stuck anywhere stops beating.
+- a guardian process per rank (`python -m zero_kit.watchdog`, its own process, so it keeps running when its rank is
+  frozen or blocked): it reads every rank's heartbeat from DIR (a filesystem all nodes share, as checkpoints need
+  anyway); when every unfinished rank is past its allowance, the first guardian to notice writes DIR/STALLED (the
+  report) and all guardians end their ranks.
+- a watcher thread in each rank: on STALLED the rank prints the report and leaves with EXIT_STALLED itself
+  (os._exit works from a thread while the main thread waits in C++). A rank that cannot (SIGSTOPped, hung
+  with the GIL held) is killed by its guardian a few seconds later; its launcher then ends the node.
+
+Works on gloo and NCCL alike (it never talks over the process group) and across nodes (every node's guardians
+read the same directory). Clocks of different nodes are assumed synchronized (NTP) to well under the timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+EXIT_STALLED = 76
+"""Exit code of a job the watchdog ended (EX_PROTOCOL in sysexits.h; 75 is a preempted job)."""
+LONG_PHASES = ("startup", "save", "export")
+LONG_PHASE_FACTOR = 6
+"""Long phases may take this many times --stall-timeout (model loading, first step's compilation, a save)."""
+MARKER = "STALLED"
+HEARTBEAT_DIR = ".zero_kit_heartbeat"
+"""Where a job keeps its heartbeats, inside its output directory (shared by every node, like the checkpoints)."""
+POLL_S = 1.0
+KILL_GRACE_S = 5.0
+
+
+def allowance(phase: str, stall_timeout: float) -> float:
+    return stall_timeout * (LONG_PHASE_FACTOR if phase in LONG_PHASES else 1)
+
+
+@dataclass
+class Heartbeat:
+    """One rank's side: beats, its watcher thread, its guardian process."""
+
+    directory: Path
+    rank: int
+    world_size: int
+    stall_timeout: float
+
+    def start(self) -> Heartbeat:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.started = time.time()
+        self.beat("startup", 0)
+        self._guardian = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "zero_kit.watchdog",
+                str(self.directory),
+                str(self.rank),
+                str(self.world_size),
+                str(self.stall_timeout),
+                str(os.getpid()),
+                str(self.started),
+            ],  # fmt: skip
+            stdin=subprocess.DEVNULL,
+        )
+        threading.Thread(target=self._watch, name="zero-kit-stall-watch", daemon=True).start()
+        return self
+
+    def beat(self, phase: str, step: int) -> None:
+        record = {"rank": self.rank, "phase": phase, "step": step, "time": time.time(),
+                  "host": socket.gethostname(), "pid": os.getpid()}  # fmt: skip
+        path = self.directory / f"rank{self.rank}.json"
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(record), encoding="utf-8")
+        os.replace(tmp, path)
+
+    def stop(self) -> None:
+        """The rank finished (or failed on its own): no more stall checks for it."""
+        self.beat("done", -1)
+        if self._guardian.poll() is None:
+            self._guardian.terminate()
+
+    def _watch(self) -> None:
+        while True:
+            report = read_marker(self.directory, self.started)
+            if report is not None:
+                print(f"zero-kit: rank {self.rank} stops: {report}", file=sys.stderr, flush=True)
+                os._exit(EXIT_STALLED)
+            time.sleep(POLL_S)
+
+
+def read_marker(directory: Path, since: float) -> str | None:
+    """The stall report of this run (a marker older than `since` is a previous run's)."""
+    path = directory / MARKER
+    try:
+        if path.stat().st_mtime < since - 1:
+            return None
+        return path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+
+
+def read_beats(directory: Path, world_size: int, since: float) -> dict[int, dict | None]:
+    """Each rank's latest heartbeat of this run (None: not written yet in this run)."""
+    beats: dict[int, dict | None] = {}
+    for rank in range(world_size):
+        try:
+            beat = json.loads((directory / f"rank{rank}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            beat = None
+        beats[rank] = beat if beat and beat.get("time", 0) >= since - 1 else None
+    return beats
+
+
+def stalled(beats: dict[int, dict | None], stall_timeout: float, now: float, since: float) -> bool:
+    """True when every unfinished rank is past its phase's allowance (a rank not seen yet counts from `since`)."""
+    ages = []
+    for beat in beats.values():
+        if beat is None:
+            ages.append(now - since > allowance("startup", stall_timeout))
+        elif beat["phase"] != "done":
+            ages.append(now - beat["time"] > allowance(beat["phase"], stall_timeout))
+    return bool(ages) and all(ages)
+
+
+def describe(beats: dict[int, dict | None], stall_timeout: float, now: float) -> str:
+    """The report: how long nothing moved, and each unfinished rank's last phase (and its process, when local)."""
+    here = socket.gethostname()
+    parts = []
+    for rank, beat in sorted(beats.items()):
+        if beat is None:
+            parts.append(f"rank {rank}: no heartbeat yet")
+            continue
+        if beat["phase"] == "done":
+            continue
+        state = _process_state(beat["pid"]) if beat.get("host") == here else ""
+        parts.append(
+            f"rank {rank} on {beat.get('host')}: last in {beat['phase']} at step {beat['step']},"
+            f" {now - beat['time']:.0f} s ago{state}"
+        )
+    return f"no rank made progress for over {stall_timeout:g} s (--stall-timeout): " + "; ".join(parts)
+
+
+def _process_state(pid: int) -> str:
+    try:
+        import psutil
+
+        status = psutil.Process(pid).status()
+    except Exception:  # gone, or psutil cannot tell: the report says nothing rather than guess
+        return " (process gone)"
+    return " (process stopped: SIGSTOP?)" if status == "stopped" else f" (process {status})"
+
+
+def write_marker(directory: Path, report: str) -> bool:
+    """Atomically create the marker; False when another guardian already did."""
+    try:
+        fd = os.open(directory / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(report + "\n")
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def guard(directory: Path, rank: int, world_size: int, stall_timeout: float, pid: int, since: float) -> int:
+    """The guardian's loop: returns when its rank is gone or done, after ending it on a stall."""
+    while _alive(pid):
+        beats = read_beats(directory, world_size, since)
+        if (beats.get(rank) or {}).get("phase") == "done":
+            return 0
+        now = time.time()
+        if read_marker(directory, since) is None and stalled(beats, stall_timeout, now, since):
+            report = describe(beats, stall_timeout, now)
+            if write_marker(directory, report):
+                print(f"zero-kit: stall watchdog (rank {rank}'s guardian): {report}", file=sys.stderr, flush=True)
+        if read_marker(directory, since) is not None:
+            deadline = time.monotonic() + KILL_GRACE_S  # the rank's own watcher exits with EXIT_STALLED first
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)  # frozen or hung: only SIGKILL ends a stopped process
+            return EXIT_STALLED
+        time.sleep(POLL_S)
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the job reaches the guardian too: the job decides
+    d, r, w, t, p, s = sys.argv[1:7]
+    sys.exit(guard(Path(d), int(r), int(w), float(t), int(p), float(s)))
