@@ -1,0 +1,1 @@
+"""The project's benchmark and test tooling outside the importable library (not installed by setup.py)."""

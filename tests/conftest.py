@@ -8,21 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.rigs.base import private_extensions_dir
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def _private_extensions_dir() -> str:
-    """DeepSpeed JIT-builds its CPU ops into TORCH_EXTENSIONS_DIR (~/.cache/torch_extensions by default). Shared
-    with other environments holding other torch/DeepSpeed versions, the builds overwrite each other and every
-    run rebuilds (60-240 s on 2 cores). One directory per version pair keeps the suite's builds cached and its
-    own; every rank and rig inherits it (pdsh ranks through .deepspeed_env, Slurm jobs from the submitter)."""
-    from importlib.metadata import version
-
-    key = f"torch{version('torch')}-deepspeed{version('deepspeed')}"
-    return str(Path.home() / ".cache" / "zero_kit" / "torch_extensions" / key)
-
-
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", _private_extensions_dir())
+# DeepSpeed's CPU op builds go to one private, cached directory per torch/DeepSpeed pair (see there).
+os.environ["TORCH_EXTENSIONS_DIR"] = str(private_extensions_dir())
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -7,6 +7,7 @@ Launchers are taken from the running interpreter's environment (`python -m torch
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
@@ -204,9 +205,17 @@ def slurm_nodes(environ: dict[str, str]) -> list[str]:
 
 
 def rank_env(environ: dict[str, str], user_file: Path = Path(ENV_FILE)) -> dict[str, str]:
-    """The variables ranks started over pdsh/ssh need: those of `environ` a run may use remotely, plus the user's
-    own ./.deepspeed_env lines (which win)."""
-    lines = {k: v for k, v in sorted(environ.items()) if k.startswith(RANK_ENV_PREFIXES) and "\n" not in v}
+    """The variables ranks started over pdsh/ssh need: those of `environ` a run may use remotely (not network
+    interface names, which differ per host), PATH with this venv first, plus the user's own ./.deepspeed_env
+    lines (which win)."""
+    lines = {
+        k: v
+        for k, v in sorted(environ.items())
+        if k.startswith(RANK_ENV_PREFIXES) and not k.endswith("_SOCKET_IFNAME") and "\n" not in v
+    }
+    # The venv first: the launcher starts the venv's python by its path, but tools the ranks call (ninja, for
+    # DeepSpeed's op builds) come from PATH, and two ninja versions rebuild each other's builds every run.
+    lines["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.executable).parent), environ.get("PATH")]))
     if user_file.is_file():
         for raw in user_file.read_text(encoding="utf-8").splitlines():
             if "=" in raw and not raw.lstrip().startswith("#"):
