@@ -44,3 +44,20 @@ if _POINT and _CKPT and _MARKER:
         return _replace(src, dst, *args, **kwargs)
 
     os.makedirs, shutil.copyfile, os.replace = makedirs, copyfile, replace
+
+# ZERO_KIT_FAULT_EXIT_RANK=r and ZERO_KIT_FAULT_EXIT_CODE=c (ZERO_KIT_* reach pdsh ranks too): rank r leaves
+# with exit code c once its training is done, before the ranks' final barrier (a rank failing on one node: its peers then lose their connection and fail too).
+_EXIT_RANK = os.environ.get("ZERO_KIT_FAULT_EXIT_RANK", "")
+if _EXIT_RANK and os.environ.get("RANK") == _EXIT_RANK:
+    import sys
+
+    import zero_kit.train.job as _job
+
+    _train = _job._train
+
+    def _train_then_exit(*args, **kwargs):
+        _train(*args, **kwargs)
+        print(f"[fault] rank {_EXIT_RANK} exits {os.environ['ZERO_KIT_FAULT_EXIT_CODE']}", flush=True)
+        sys.exit(int(os.environ["ZERO_KIT_FAULT_EXIT_CODE"]))
+
+    _job._train = _train_then_exit
