@@ -149,3 +149,11 @@ def test_launcher_local_rank_is_accepted_anywhere(monkeypatch):
 
     assert os.environ["LOCAL_RANK"] == "1"
     assert strip_local_rank(["config", "--local-rank", "0", "--stage", "3"]) == ["config", "--stage", "3"]
+
+
+def test_ci_installs_every_debian_package_the_rigs_need():
+    from benchmarks.rigs import apt_packages
+
+    ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
+    line = next(line for line in ci.splitlines() if "apt-get install" in line)
+    assert set(apt_packages()) <= set(line.split()), f"{sorted(set(apt_packages()) - set(line.split()))} missing"
