@@ -88,10 +88,9 @@ class Heartbeat:
         os.replace(tmp, path)
 
     def stop(self) -> None:
-        """The rank finished (or failed on its own): no more stall checks for it."""
+        """The rank finished (or failed on its own): no more stall checks for it; its guardian leaves on its next
+        look (it ignores SIGTERM, see `guard`)."""
         self.beat("done", -1)
-        if self._guardian.poll() is None:
-            self._guardian.terminate()
 
     def _watch(self) -> None:
         while True:
@@ -161,7 +160,8 @@ def _process_state(pid: int) -> str:
         status = psutil.Process(pid).status()
     except Exception:  # gone, or psutil cannot tell: the report says nothing rather than guess
         return " (process gone)"
-    return " (process stopped: SIGSTOP?)" if status == "stopped" else f" (process {status})"
+    # Waiting ("sleeping") is what every rank of a stalled job does; only a frozen or dead process is news.
+    return {"stopped": " (process stopped: SIGSTOP?)", "zombie": " (process exited)"}.get(status, "")
 
 
 def write_marker(directory: Path, report: str) -> bool:
@@ -173,6 +173,15 @@ def write_marker(directory: Path, report: str) -> bool:
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(report + "\n")
     return True
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        import psutil
+
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except Exception:  # gone, or psutil cannot tell
+        return False
 
 
 def _alive(pid: int) -> bool:
@@ -197,7 +206,8 @@ def guard(directory: Path, rank: int, world_size: int, stall_timeout: float, pid
             if write_marker(directory, report):
                 print(f"zero-kit: stall watchdog (rank {rank}'s guardian): {report}", file=sys.stderr, flush=True)
         if read_marker(directory, since) is not None:
-            deadline = time.monotonic() + KILL_GRACE_S  # the rank's own watcher exits with EXIT_STALLED first
+            # A running rank's own watcher exits with EXIT_STALLED; a stopped one never will: no grace for it.
+            deadline = time.monotonic() + (0 if _stopped(pid) else KILL_GRACE_S)
             while _alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.2)
             if _alive(pid):
@@ -208,7 +218,10 @@ def guard(directory: Path, rank: int, world_size: int, stall_timeout: float, pid
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the job reaches the guardian too: the job decides
+    # Launchers end a failed job with SIGTERM to every rank's process tree, then wait (the deepspeed launcher 30 s)
+    # before SIGKILL: a SIGTERM pending on a stopped rank would hold the job that long. The guardian ignores it,
+    # kills its stalled rank at once, and leaves when its rank is gone or done. Ctrl-C is the job's to handle.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     d, r, w, t, p, s = sys.argv[1:7]
     sys.exit(guard(Path(d), int(r), int(w), float(t), int(p), float(s)))
