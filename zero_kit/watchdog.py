@@ -45,6 +45,16 @@ POLL_S = 1.0
 KILL_GRACE_S = 5.0
 
 
+def nccl_watchdog_env(stall_timeout: float) -> dict[str, str]:
+    """What NCCL offers on GPUs, set before the process group exists (gloo ignores them): a failed or timed-out
+    collective aborts the communicator instead of hanging (async error handling), and torch's own NCCL
+    heartbeat monitor ends a rank whose NCCL watchdog thread is stuck, on the same timeout as ours."""
+    env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    if stall_timeout > 0:
+        env |= {"TORCH_NCCL_ENABLE_MONITORING": "1", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(int(stall_timeout))}
+    return env
+
+
 def allowance(phase: str, stall_timeout: float) -> float:
     return stall_timeout * (LONG_PHASE_FACTOR if phase in LONG_PHASES else 1)
 

@@ -74,3 +74,11 @@ def test_a_rank_blocked_in_its_main_thread_leaves_with_exit_stalled(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == EXIT_STALLED, done.stderr
     assert "rank 0 stops: rank 1 stopped" in done.stderr
+
+
+def test_nccl_gets_the_same_timeout_and_async_error_handling():
+    from zero_kit.watchdog import nccl_watchdog_env
+
+    env = nccl_watchdog_env(120)
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == "120"
+    assert "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC" not in nccl_watchdog_env(0)  # watchdog off: torch's default

@@ -18,7 +18,7 @@ from zero_kit.errors import UserError
 from zero_kit.train import checkpoint, preflight, universal
 from zero_kit.train.options import EXIT_PREEMPTED, TrainOptions, check_options, default_lr
 from zero_kit.train.relaunch import RELAUNCHED, relaunch
-from zero_kit.watchdog import HEARTBEAT_DIR, Heartbeat
+from zero_kit.watchdog import HEARTBEAT_DIR, Heartbeat, nccl_watchdog_env
 
 FINAL_DIR = "final"
 
@@ -35,6 +35,7 @@ def run_train(opts: TrainOptions) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.update({k: v for k, v in nccl_watchdog_env(opts.stall_timeout).items() if k not in os.environ})
     finished = False
     try:
         code = _run_rank(opts)
