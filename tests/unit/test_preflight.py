@@ -27,7 +27,13 @@ def _options(tmp_path: Path, **changes) -> TrainOptions:
 
 def _check(opts: TrainOptions, ds_config: dict | None = None, *, local_ranks: int = 2) -> None:
     config = ds_config or {"zero_optimization": {"stage": 3}}
-    preflight.run_preflight(opts, config, precision="fp32", local_ranks=local_ranks, nodes=1)
+    run = {
+        "model": opts.model,
+        "output": Path(opts.output),
+        "lora_r": opts.lora_r,
+        "from_file": opts.ds_config is not None,
+    }
+    preflight.run_preflight(config, **run, precision="fp32", local_ranks=local_ranks, nodes=1)
 
 
 def test_a_healthy_setup_passes_and_leaves_no_probe_file(tmp_path):

@@ -56,7 +56,9 @@ def _run_rank(opts: TrainOptions) -> int:
     # TrainingArguments(deepspeed=...) must exist before the model: it registers HfDeepSpeedConfig, so a
     # ZeRO-3 model is built inside deepspeed.zero.Init and no rank ever holds all of it.
     args = _training_arguments(opts, ds_config, output)
-    preflight.check_training_run(opts, ds_config, args)  # output dir, disk space, NVMe path, host RAM: before any work
+    # Output dir, disk space, NVMe path, host RAM: before any work.
+    run = {"model": opts.model, "output": output, "lora_r": opts.lora_r, "from_file": opts.ds_config is not None}
+    preflight.check_training_run(ds_config, args, **run)
     heartbeat = None
     if opts.stall_timeout > 0:
         heartbeat = Heartbeat(output / HEARTBEAT_DIR, args.process_index, args.world_size, opts.stall_timeout).start()

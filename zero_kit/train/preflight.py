@@ -183,22 +183,32 @@ def model_shape(model_dir: str | None):
     return shape_from_hf_config(build_config(model_dir).to_dict())
 
 
-def run_preflight(opts, ds_config: dict, *, precision: str, local_ranks: int, nodes: int) -> None:
-    """All checks for a `zero-kit train` run (opts: TrainOptions); raises one UserError listing every problem."""
-    shape = model_shape(opts.model)
-    output = Path(opts.output)
+def run_preflight(
+    ds_config: dict,
+    *,
+    model: str | None,
+    output: Path,
+    lora_r: int | None,
+    from_file: bool,
+    precision: str,
+    local_ranks: int,
+    nodes: int,
+) -> None:
+    """All checks for a `zero-kit train` run (`model`: --model, None for the embedded one; `from_file`: the config
+    came from --ds-config); raises one UserError listing every problem."""
+    shape = model_shape(model)
     trainable = None
-    if opts.lora_r is not None:
+    if lora_r is not None:
         from zero_kit.plan.memory import Workload
 
-        trainable = Workload(shape=shape, n_params=shape.n_params, lora_r=opts.lora_r).trainable_params
+        trainable = Workload(shape=shape, n_params=shape.n_params, lora_r=lora_r).trainable_params
     need, formula = checkpoint_bytes(shape.n_params, precision, trainable)
     problems = check_writable_dir(output, "--output", create=True)
     if not problems:
         problems += check_free_space(output, need, formula, "--output")
-    problems += check_nvme(ds_config, from_file=opts.ds_config is not None)
+    problems += check_nvme(ds_config, from_file=from_file)
     problems += check_host_ram(
-        ds_config, shape=shape, precision=precision, local_ranks=local_ranks, nodes=nodes, lora_r=opts.lora_r
+        ds_config, shape=shape, precision=precision, local_ranks=local_ranks, nodes=nodes, lora_r=lora_r
     )
     raise_all(problems, "before training")
 
@@ -244,10 +254,11 @@ def disk_errors_as_user_errors(output: Path) -> Iterator[None]:
         ) from err
 
 
-def check_training_run(opts, ds_config: dict, args) -> None:
-    """`run_preflight` for one rank of `zero-kit train` (args: its HF TrainingArguments): precision from the
-    arguments, ranks per node from the launcher's LOCAL_WORLD_SIZE (else all ranks on this host)."""
+def check_training_run(ds_config: dict, args, **run) -> None:
+    """`run_preflight` for one rank of `zero-kit train` (args: its HF TrainingArguments; `run`: model, output,
+    lora_r, from_file): precision from the arguments, ranks per node from the launcher's LOCAL_WORLD_SIZE (else
+    all ranks on this host)."""
     precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
     local_ranks = local_world_size(args.world_size)
     nodes = max(1, args.world_size // max(local_ranks, 1))
-    run_preflight(opts, ds_config, precision=precision, local_ranks=local_ranks, nodes=nodes)
+    run_preflight(ds_config, precision=precision, local_ranks=local_ranks, nodes=nodes, **run)
