@@ -138,11 +138,41 @@ def accelerate_config(path: Path, world_size: int) -> dict:
     return plugin.deepspeed_config
 
 
-def consumer_error(path: Path, consumer: str, world_size: int) -> str | None:
+def basic_optimizer_error(config: dict) -> str | None:
+    """What DeepSpeedEngine._configure_basic_optimizer refuses before building the optimizer of the config.
+
+    It runs only when the script passes no optimizer of its own (engine.py _configure_optimizer:
+    `if client_optimizer is None`). It rejects optimizer.params.max_grad_norm, and a type outside
+    DEEPSPEED_OPTIMIZERS falls through to `getattr(torch.optim, name)` (the 1-bit optimizers, removed).
+    """
+    import torch
+    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
+
+    section = config.get("optimizer") or {}
+    if "max_grad_norm" in (section.get("params") or {}):
+        return "ValueError: 'max_grad_norm' is not supported as an optimizer parameter"
+    name = section.get("type")
+    if isinstance(name, str) and name.lower() not in DEEPSPEED_OPTIMIZERS and not hasattr(torch.optim, name):
+        return f"AttributeError: module 'torch.optim' has no attribute '{name}'"
+    return None
+
+
+def deepspeed_error(path: Path, world_size: int, client_optimizer: bool) -> str | None:
+    """deepspeed.initialize(config=PATH): DeepSpeed's parse (hjson for a path), then its optimizer build."""
+    import hjson
+
+    error = deepspeed_parse(str(path), world_size)
+    if error or client_optimizer:
+        return error
+    with open(path, encoding="utf-8") as handle:
+        return basic_optimizer_error(hjson.load(handle))
+
+
+def consumer_error(path: Path, consumer: str, world_size: int, client_optimizer: bool = False) -> str | None:
     """The consumer's error for this file at this world size, or None if it accepts it."""
     try:
         if consumer == "deepspeed":
-            return deepspeed_parse(str(path), world_size)
+            return deepspeed_error(path, world_size, client_optimizer)
         builder = {"hf-trainer": hf_trainer_config, "accelerate": accelerate_config}[consumer]
         config = builder(path, world_size)
     except Exception as err:  # the consumers raise Value/Key/Type/JSONDecodeError alike
@@ -154,7 +184,9 @@ def check_all() -> list[dict[str, Any]]:
     """One row per manifest entry: path, expected verdict, computed verdict, error."""
     rows = []
     for entry in load_manifest():
-        error = consumer_error(CORPUS / entry["path"], entry["consumer"], entry["world_size"])
+        error = consumer_error(
+            CORPUS / entry["path"], entry["consumer"], entry["world_size"], entry.get("client_optimizer", False)
+        )
         verdict = "broken" if error else "works"
         rows.append({"path": entry["path"], "expected": entry["verdict"], "verdict": verdict, "error": error})
     return rows
