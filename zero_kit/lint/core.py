@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from zero_kit.lint import rules as lint_rules
+from zero_kit.lint import rules_batch, rules_zero
 from zero_kit.lint import schema as lint_schema
 from zero_kit.lint.problem import ROOT, LintContext, Problem
 
@@ -57,10 +58,10 @@ def lint(config: Any, context: LintContext | None = None) -> list[Problem]:
     problems, autos, dropped = lint_schema.check_schema(config)
     problems += lint_rules.auto_rules(autos, dropped, context.target)
     problems += lint_rules.non_finite(config, "")
-    batch_problems, world_size = lint_rules.batch_rules(config, context)
+    batch_problems, world_size = rules_batch.batch_rules(config, context)
     problems += batch_problems
     problems += lint_rules.precision_rules(config)
-    problems += lint_rules.zero_rules(config, context.target)
+    problems += rules_zero.zero_rules(config, context.target)
     problems += lint_rules.scheduler_rules(config)
     problems += lint_rules.dtype_rules(config)
     problems = _dedupe(problems)

@@ -12,16 +12,13 @@ import copy
 import functools
 from typing import Any
 
-from zero_kit.lint.discover import (
-    deepspeed_parse,
-    discover,
+from zero_kit.lint.discover import deepspeed_parse, discover, quiet, unwrap_model
+from zero_kit.lint.installed import (
     optimizer_choices,
     optimizer_parameters,
-    quiet,
     removed_keys,
     scheduler_choices,
     scheduler_parameters,
-    unwrap_model,
 )
 from zero_kit.lint.problem import BATCH_KEYS, ROOT, Problem, did_you_mean, join, lookup
 
