@@ -24,7 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from zero_kit.ds_schema import deepspeed_parse
+from zero_kit.lint.discover import deepspeed_parse
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "realworld"
 HIDDEN_SIZE = 4096  # a LLaMA-7B-sized model fills the hidden-size "auto" keys
