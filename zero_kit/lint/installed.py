@@ -1,13 +1,93 @@
 """Facts about the installed DeepSpeed beyond the keys its parser reads (that is `discover`): its version, the
 dtype spellings it resolves, the keys it removed, what optimizers and schedulers it can build and with which
 parameters, the keys of its zero_optimization model, and the expected types of top-level keys whose default is None.
-Everything is read off DeepSpeed (and torch) at run time and cached; nothing here is re-typed by hand."""
+Everything is read off DeepSpeed (and torch) at run time and cached; the one exception is REMOVED_OPTIMIZERS,
+names that only older releases know and the installed one therefore cannot tell us."""
 
 from __future__ import annotations
 
+import ast
 import functools
+import importlib.metadata
 import inspect
+import json
+import re
+from pathlib import Path
 from typing import Any
+
+from zero_kit.lint.discover import import_deepspeed
+
+REMOVED_OPTIMIZERS = ("onebitadam", "zerooneadam", "onebitlamb")
+"""1-bit optimizer types of DeepSpeed <= 0.18 (ONEBIT_ADAM_OPTIMIZER, ...). 0.19 dropped them from
+DEEPSPEED_OPTIMIZERS, so its parse passes and `deepspeed.initialize` fails looking them up in torch.optim."""
+# Arithmetic that only a number survives; `+` is left out because strings concatenate.
+_NUMERIC_OPS = (ast.Mod, ast.FloorDiv, ast.Mult, ast.Div, ast.Sub, ast.Pow)
+
+
+@functools.cache
+def deepspeed_version() -> str:
+    """The installed DeepSpeed's version, named in messages about keys that only other releases accept."""
+    try:
+        return importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@functools.cache
+def zero_section_keys() -> frozenset[str]:
+    """Every key DeepSpeed's zero_optimization model (DeepSpeedZeroConfig) accepts: field names and aliases
+    (stage3_* keys are aliases of the fields)."""
+    import_deepspeed()
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    fields = DeepSpeedZeroConfig.model_fields
+    return frozenset([*fields, *(f.alias for f in fields.values() if f.alias)])
+
+
+@functools.cache
+def format_examples() -> dict[str, Any]:
+    """Example values from the *_FORMAT help strings in deepspeed/runtime/constants.py ('"key": value' lines),
+    the one place DeepSpeed writes down a value for keys whose default is None."""
+    import_deepspeed()
+    from deepspeed.runtime import constants
+
+    examples: dict[str, Any] = {}
+    for name, text in vars(constants).items():
+        if not (name.endswith("_FORMAT") and isinstance(text, str)):
+            continue
+        for key, raw in re.findall(r'^\s*"(\w+)"\s*:\s*([^{\[\n]+?),?\s*$', text, flags=re.MULTILINE):
+            try:
+                examples.setdefault(key, json.loads(raw))
+            except ValueError:
+                continue  # placeholders such as [true|false]
+    return examples
+
+
+@functools.cache
+def numeric_by_use() -> frozenset[str]:
+    """Config attributes DeepSpeed does arithmetic with (`self.steps_per_print` in config.py, `self.steps_per_print()`
+    in engine.py): their values must be numbers even where the parser keeps whatever it finds."""
+    import_deepspeed()
+    import deepspeed.runtime.config as ds_config
+    import deepspeed.runtime.engine as ds_engine
+
+    found: set[str] = set()
+    for module in (ds_config, ds_engine):
+        tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, _NUMERIC_OPS):
+                operands = (node.left, node.right) if isinstance(node, ast.BinOp) else (node.target, node.value)
+                found |= {name for operand in operands if (name := _self_attribute(operand))}
+    return frozenset(found)
+
+
+def _self_attribute(node: ast.AST) -> str | None:
+    """ "x" for `self.x` or `self.x()`, else None."""
+    if isinstance(node, ast.Call) and not node.args:
+        node = node.func
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return node.attr
+    return None
 
 
 @functools.cache
@@ -21,6 +101,7 @@ def dtype_names() -> tuple[str, ...]:
 @functools.cache
 def removed_keys() -> dict[str, str]:
     """Keys DeepSpeed rejects outright (removed features), with DeepSpeed's own message."""
+    import_deepspeed()
     import deepspeed.runtime.config as ds_config
 
     top = getattr(ds_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {})

@@ -10,7 +10,7 @@ from typing import Any
 
 from zero_kit.lint.discover import discover, hf_trainer_auto_keys
 from zero_kit.lint.installed import dtype_names
-from zero_kit.lint.problem import BATCH_KEYS, ROOT, Problem, Target, did_you_mean, is_number, join, lookup
+from zero_kit.lint.problem import ROOT, Problem, Target, did_you_mean, is_number, join, lookup
 
 
 def auto_rules(autos: list[str], dropped: dict[str, Any], target: Target) -> list[Problem]:
@@ -22,10 +22,6 @@ def auto_rules(autos: list[str], dropped: dict[str, Any], target: Target) -> lis
         if target == "deepspeed":
             message = '"auto" is filled only by the HF Trainer or accelerate; plain deepspeed.initialize cannot use it'
             fix = "write a value, or validate with --for hf-trainer if the HF Trainer launches this config"
-            problems.append(Problem("error", path, "auto", message, fix))
-        elif target == "accelerate" and path in BATCH_KEYS:
-            message = "accelerate fills the batch itself and then fails DeepSpeed's batch assertion at world size > 1"
-            fix = "write the numbers (train_batch_size = micro x grad_accum x world size) and pass the file with --deepspeed_config_file"
             problems.append(Problem("error", path, "auto", message, fix))
         elif path in filled:
             continue

@@ -112,3 +112,55 @@ def _batch_arithmetic(tbs: int | None, micro: int | None, accum: int | None, wor
     )
     fix = f"set train_batch_size to a multiple of {per_step} (e.g. {max(per_step, tbs - tbs % per_step)}) or set all three batch keys"
     return [Problem("error", "train_batch_size", tbs, message, fix)]
+
+
+# What the HF Trainer compares each batch key with (trainer_config_process fills "auto" and fill_match records any
+# other value that differs; trainer_config_finalize then raises ValueError listing the mismatches).
+_TRAINER_ARGUMENTS = {
+    "train_batch_size": "per_device_train_batch_size x gradient_accumulation_steps x world size",
+    "train_micro_batch_size_per_gpu": "per_device_train_batch_size",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+}
+
+
+def integration_batch_rules(config: dict, context: LintContext) -> list[Problem]:
+    """Batch keys that work or fail depending on what the HF Trainer or accelerate bring at run time."""
+    if context.target == "accelerate":
+        return _accelerate_auto_batch(config, context)
+    if context.target == "hf-trainer":
+        return _trainer_hard_coded_batch(config, context)
+    return []
+
+
+def _accelerate_auto_batch(config: dict, context: LintContext) -> list[Problem]:
+    """accelerate fills "auto" train_batch_size with micro x accum x its own process count. With a distributed
+    backend (every GPU host) that count is the world size; on a CPU-only host accelerate has no backend and counts
+    1, while DeepSpeed counts every rank, so DeepSpeed's batch assertion fails (FINDINGS of issue 11)."""
+    world = context.world_size
+    if config.get("train_batch_size") != "auto" or world == 1:
+        return []
+    ranks = f"{world} processes ({context.world_size_source})" if world else "more than one process"
+    message = (
+        f'accelerate fills "auto" here with micro x grad_accum x its process count, which is 1 on a CPU-only host'
+        f" (no GPU, so no distributed backend): with {ranks} DeepSpeed's batch assertion then fails at start-up."
+        " On GPU hosts accelerate counts every process and this works"
+    )
+    fix = "leave train_batch_size out (DeepSpeed derives it) or write the number (micro x grad_accum x world size)"
+    return [Problem("warning", "train_batch_size", "auto", message, fix)]
+
+
+def _trainer_hard_coded_batch(config: dict, context: LintContext) -> list[Problem]:
+    world = f"world size ({context.world_size})" if context.world_size else "world size"
+    problems = []
+    for key, arguments in _TRAINER_ARGUMENTS.items():
+        value = config.get(key)
+        if value is None or value == "auto":
+            continue
+        message = (
+            f"the HF Trainer requires {key} to equal its TrainingArguments {arguments.replace('world size', world)};"
+            " otherwise Trainer start-up fails with 'Please correct the following DeepSpeed config values that mismatch"
+            " TrainingArguments values'"
+        )
+        fix = f'write "auto" (the Trainer fills it from its arguments) or pass TrainingArguments that give {value}'
+        problems.append(Problem("warning", key, value, message, fix))
+    return problems
