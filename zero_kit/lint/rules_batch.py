@@ -135,7 +135,7 @@ def integration_batch_rules(config: dict, context: LintContext) -> list[Problem]
 def _accelerate_auto_batch(config: dict, context: LintContext) -> list[Problem]:
     """accelerate fills "auto" train_batch_size with micro x accum x its own process count. With a distributed
     backend (every GPU host) that count is the world size; on a CPU-only host accelerate has no backend and counts
-    1, while DeepSpeed counts every rank, so DeepSpeed's batch assertion fails (FINDINGS of issue 11)."""
+    1, while DeepSpeed counts every rank, so its batch assertion fails (reproduced in test_lint_upstream.py)."""
     world = context.world_size
     if config.get("train_batch_size") != "auto" or world == 1:
         return []
