@@ -219,11 +219,14 @@ def test_cli_never_tracebacks_on_text(text, tmp_path_factory):
 
 
 def test_cli_json_reports_line_for_garbage(tmp_path, capsys):
+    # A trailing comma: strict json.load (the HF Trainer, accelerate) refuses it; DeepSpeed's hjson read does not.
     path = tmp_path / "c.json"
     path.write_text('{"zero_optimization": {"stage": 3,}}')
-    assert main(["validate", str(path), "--json"]) == 2
+    assert main(["validate", str(path), "--json", "--for", "hf-trainer"]) == 2
     (problem,) = json.loads(capsys.readouterr().out)
     assert problem["line"] == 1 and problem["column"] > 1
+    assert main(["validate", str(path), "--json"]) == 1  # read as hjson, then: no batch size
+    assert any("not strict JSON" in p["message"] for p in json.loads(capsys.readouterr().out))
 
 
 def test_cli_subprocesses_never_traceback(tmp_path):

@@ -5,7 +5,8 @@ from __future__ import annotations
 from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
 from zero_kit.lint import LintContext, lint
-from zero_kit.lint.discover import deepspeed_parse, discover, hf_trainer_auto_keys, optimizer_parameters
+from zero_kit.lint.discover import deepspeed_parse, discover, hf_trainer_auto_keys
+from zero_kit.lint.installed import optimizer_parameters
 from zero_kit.lint.problem import join
 
 

@@ -15,8 +15,9 @@ __all__ = ["LintContext", "Problem", "Target", "Unreadable", "lint", "lint_file"
 
 
 def lint_file(path: str | Path, context: LintContext) -> tuple[Any, list[Problem]]:
-    """The config in `path` and every problem in it: duplicate keys first, then the rules. Raises Unreadable."""
-    config, problems = read_config(path)
+    """The config in `path` and every problem in it: duplicate keys first, then the rules. Raises Unreadable.
+    The file is read the way `context.target` reads it (plain deepspeed also takes hjson)."""
+    config, problems = read_config(path, context.target)
     return config, problems + lint(config, context)
 
 
@@ -29,7 +30,8 @@ def load_checked(path: str | Path, context: LintContext, flag: str) -> dict:
         where = err.where(str(path))
         if err.syntax:
             fix = f"check it with `zero-kit validate {path}`"
-            raise UserError(f"{flag} {where}: not valid JSON ({err.syntax})", fix) from None
+            detail = str(err).removeprefix("invalid JSON: ")  # keeps the note on hjson where there is one
+            raise UserError(f"{flag} {where}: not valid JSON ({detail})", fix) from None
         raise UserError(f"{flag} {where}: cannot read it ({err})", "give an existing UTF-8 JSON file") from None
     errors = [p for p in problems if p.severity == "error"]
     if errors:

@@ -11,12 +11,19 @@ Rules (E: error, W: warning):
   against the signature of the class DeepSpeed builds), with "did you mean"; E misspelling (<= 2 edits or case)
   of a real key where DeepSpeed silently ignores it (top level, activation_checkpointing, aio, ...); W other
   ignored keys (e.g. LLaMA-Factory's comms_config); "_comment"-style keys are left alone.
-- E wrong JSON type, incl. numbers/booleans written as strings ("8", "true") that pydantic would coerce.
-- E keys of removed DeepSpeed features (DeepSpeed's own message); W deprecated keys, with the new name.
+- E a zero_optimization key (any field or alias of DeepSpeedZeroConfig: offload_optimizer, stage3_*, ...) at the
+  top level, where DeepSpeed silently ignores it: "move it under zero_optimization".
+- E wrong JSON type, incl. numbers/booleans written as strings ("8", "true") that pydantic would coerce; top-level
+  keys DeepSpeed reads with a None default get their type from its *_FORMAT examples or from its arithmetic on
+  them (e.g. steps_per_print "10": the parse keeps the string, the first step raises TypeError).
+- E keys of removed DeepSpeed features (DeepSpeed's own message, naming the installed version: valid only on older
+  releases); E 1-bit optimizer types (OneBitAdam, ...: gone in 0.19, initialize fails); W deprecated keys.
 - E "auto" with --for deepspeed (except where DeepSpeed's own default is "auto"); with hf-trainer/accelerate
   E "auto" where the HF Trainer does not fill it (list read off transformers), W instead where DeepSpeed drops
-  it and uses its default (top level of a model section, e.g. zero_optimization.prefetch_bucket_size); E "auto" batch keys with
-  accelerate (it fills the batch itself and fails DeepSpeed's assertion; recipe); E accelerate without zero_optimization.
+  it and uses its default (top level of a model section, e.g. zero_optimization.prefetch_bucket_size); W accelerate
+  with train_batch_size "auto" at world size != 1 (fails only on a CPU-only host, where accelerate has no backend
+  and counts 1 process); W HF Trainer with hard-coded batch keys (must equal its TrainingArguments);
+  E accelerate without zero_optimization.
 - E batch triple: non-positive / non-integer values, none given, train_batch_size != micro x accum x world
   (world from --world-size or the launcher env, divided by sequence_parallel_size), or not divisible when one
   key is derived; W accelerate with unknown world size.
@@ -24,15 +31,18 @@ Rules (E: error, W: warning):
   offload below stage 3; E NVMe offload without nvme_path; W stage3_* keys below stage 3; W stage 3 for the
   HF Trainer/accelerate without stage3_gather_16bit_weights_on_model_save (saved weights would be empty);
   W optimizer offload + client optimizer under plain deepspeed (ZeRORuntimeException unless DeepSpeedCPUAdam).
-- E optimizer/scheduler type DeepSpeed cannot build; W section without type; E max_grad_norm in optimizer params;
+- E optimizer/scheduler type DeepSpeed cannot build; W section without type; max_grad_norm in optimizer params:
+  E for hf-trainer/accelerate (DeepSpeed builds that optimizer), W for plain deepspeed (only if the script passes none);
   E warmup_num_steps <= 0; E total_num_steps < warmup_num_steps; E data_types.*_dtype not a DeepSpeed dtype.
-- E NaN/Infinity anywhere; E duplicate keys (CLI); E DeepSpeed's own DeepSpeedConfig parse fails at the world size.
+- E NaN/Infinity anywhere; E duplicate keys (reader); W not strict JSON but hjson reads it (reader, --for deepspeed
+  only; the other consumers cannot read it); E DeepSpeed's own DeepSpeedConfig parse fails at the world size.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from zero_kit.lint import ds_parse, rules_batch, rules_zero
 from zero_kit.lint import rules as lint_rules
 from zero_kit.lint import schema as lint_schema
 from zero_kit.lint.problem import ROOT, LintContext, Problem
@@ -54,18 +64,19 @@ def lint(config: Any, context: LintContext | None = None) -> list[Problem]:
                 "wrap the settings in {...}",
             )
         ]
-    problems, autos, dropped = lint_schema.check_schema(config)
+    problems, autos, dropped = lint_schema.check_schema(config, context.target)
     problems += lint_rules.auto_rules(autos, dropped, context.target)
     problems += lint_rules.non_finite(config, "")
-    batch_problems, world_size = lint_rules.batch_rules(config, context)
+    batch_problems, world_size = rules_batch.batch_rules(config, context)
     problems += batch_problems
+    problems += rules_batch.integration_batch_rules(config, context)
     problems += lint_rules.precision_rules(config)
-    problems += lint_rules.zero_rules(config, context.target)
+    problems += rules_zero.zero_rules(config, context.target)
     problems += lint_rules.scheduler_rules(config)
     problems += lint_rules.dtype_rules(config)
     problems = _dedupe(problems)
     if not any(p.severity == "error" for p in problems):
-        problems += lint_schema.check_with_deepspeed(config, world_size, autos)
+        problems += ds_parse.check_with_deepspeed(config, world_size, autos)
     return problems
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import io
 import logging
 import sys
@@ -231,122 +230,6 @@ def discover() -> Schema:
     for section in ("optimizer", "scheduler"):
         keys.setdefault(section, {}).setdefault("params", {})
     return Schema(keys=keys, models=rec.models, open_paths=rec.iterated | {"optimizer.params", "scheduler.params"})
-
-
-@functools.cache
-def dtype_names() -> tuple[str, ...]:
-    """The dtype spellings DeepSpeed's DtypeEnum resolves ("bf16", "bfloat16", "torch.bfloat16", ...)."""
-    from deepspeed.runtime.config import DtypeEnum
-
-    return tuple(v for v in DtypeEnum._value2member_map_ if isinstance(v, str))
-
-
-@functools.cache
-def removed_keys() -> dict[str, str]:
-    """Keys DeepSpeed rejects outright (removed features), with DeepSpeed's own message."""
-    import deepspeed.runtime.config as ds_config
-
-    top = getattr(ds_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {})
-    zero = getattr(ds_config, "_REMOVED_ZERO_CONFIG_KEYS", {})
-    return {**top, **{f"zero_optimization.{k}": v for k, v in zero.items()}}
-
-
-def _parameters(cls: Any, skip: int) -> tuple[dict[str, Any], bool]:
-    """Keyword parameters of `cls.__init__` after the first `skip` (self, params...), and whether **kwargs is taken."""
-    sig = inspect.signature(cls)
-    names, open_ = {}, False
-    for i, (name, p) in enumerate(sig.parameters.items()):
-        if p.kind is p.VAR_KEYWORD:
-            open_ = True
-        elif i >= skip and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-            names[name] = None if p.default is p.empty else p.default
-    return names, open_
-
-
-def _optimizer_classes(name: str) -> tuple[list[Any], dict[str, Any]]:
-    """The classes DeepSpeed may build for optimizer `name` (which one depends on offload/torch_adam),
-    and the extra keys DeepSpeed pops from params before calling them (engine._configure_basic_optimizer)."""
-    import torch
-    from deepspeed.runtime import config as ds_config
-
-    lowered = name.lower() if name.lower() in ds_config.DEEPSPEED_OPTIMIZERS else name
-    if lowered in (ds_config.ADAM_OPTIMIZER, ds_config.ADAMW_OPTIMIZER):
-        from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
-
-        extras = {ds_config.ADAM_W_MODE: True, ds_config.TORCH_ADAM_PARAM: False, "fp32_optimizer_states": True}
-        return [FusedAdam, DeepSpeedCPUAdam, torch.optim.AdamW], extras
-    if lowered == ds_config.ADAGRAD_OPTIMIZER:
-        from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
-
-        return [DeepSpeedCPUAdagrad, torch.optim.Adagrad], {}
-    if lowered == ds_config.LAMB_OPTIMIZER:
-        from deepspeed.ops.lamb import FusedLamb
-
-        return [FusedLamb], {}
-    if lowered == ds_config.LION_OPTIMIZER:
-        from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
-
-        return [DeepSpeedCPULion, FusedLion], {}
-    torch_cls = getattr(torch.optim, name, None)
-    if isinstance(torch_cls, type) and issubclass(torch_cls, torch.optim.Optimizer):
-        return [torch_cls], {}
-    return [], {}
-
-
-@functools.cache
-def optimizer_choices() -> tuple[str, ...]:
-    """Optimizer `type` values DeepSpeed can build: its own names plus torch.optim classes."""
-    import torch
-    from deepspeed.runtime import config as ds_config
-
-    torch_names = [
-        n for n, c in vars(torch.optim).items() if isinstance(c, type) and issubclass(c, torch.optim.Optimizer)
-    ]
-    return tuple(ds_config.DEEPSPEED_OPTIMIZERS) + tuple(n for n in torch_names if n != "Optimizer")
-
-
-@functools.cache
-def optimizer_parameters(name: str) -> tuple[dict[str, Any], bool] | None:
-    """Accepted `optimizer.params` keys (with defaults) for optimizer `name`, and whether any key goes.
-    None if DeepSpeed cannot build `name`."""
-    from deepspeed.runtime import config as ds_config
-
-    if name.lower() in (ds_config.MUADAM_OPTIMIZER, ds_config.MUADAMW_OPTIMIZER, ds_config.MUSGD_OPTIMIZER):
-        return {}, True  # built by the optional `mup` package, whose signature we cannot read here
-    if name.lower() == ds_config.MUON_OPTIMIZER:
-        return {}, True
-    classes, extras = _optimizer_classes(name)
-    if not classes:
-        return None
-    accepted, open_ = dict(extras), False
-    for cls in classes:
-        names, cls_open = _parameters(cls, skip=1)
-        accepted.update({k: v for k, v in names.items() if k not in accepted})
-        open_ = open_ or cls_open
-    return accepted, open_
-
-
-@functools.cache
-def scheduler_parameters(name: str) -> tuple[dict[str, Any], bool] | None:
-    """Accepted `scheduler.params` keys for scheduler `name` (DeepSpeed's lr_schedules, then torch's)."""
-    import torch
-    from deepspeed.runtime import lr_schedules
-
-    cls = getattr(lr_schedules, name, None) or getattr(torch.optim.lr_scheduler, name, None)
-    if not isinstance(cls, type):
-        return None
-    return _parameters(cls, skip=1)
-
-
-@functools.cache
-def scheduler_choices() -> tuple[str, ...]:
-    """Scheduler `type` values DeepSpeed can build: its lr_schedules plus torch's LR schedulers."""
-    import torch
-    from deepspeed.runtime import lr_schedules
-
-    base = torch.optim.lr_scheduler.LRScheduler
-    torch_names = [n for n, c in vars(torch.optim.lr_scheduler).items() if isinstance(c, type) and issubclass(c, base)]
-    return tuple(lr_schedules.VALID_LR_SCHEDULES) + tuple(torch_names)
 
 
 class _Anything:

@@ -6,6 +6,11 @@ twice in one object. DeepSpeed refuses duplicate keys when it opens a config pat
 accelerate parse the file with plain `json.load`, where the LAST value silently wins: a config with two
 `zero_optimization.stage` entries would train at a stage nobody chose. Each duplicate is reported with its full
 key path and both values.
+
+The one leniency follows DeepSpeed: given a config PATH, DeepSpeed reads it with hjson, which also takes comments,
+trailing commas, missing commas at line ends and bare words. So for the consumer "deepspeed" such a file is read
+with hjson (a warning says other readers refuse it); the HF Trainer and accelerate read the file with strict
+`json.load`, so for them it stays unreadable, and the message says that plain deepspeed would read it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from zero_kit.lint.problem import Problem, join
+from zero_kit.lint.problem import ROOT, Problem, Target, join
 
 MAX_DEPTH = 100
 """Deeper nesting than any DeepSpeed config has; refused before Python's JSON parser hits its recursion limit."""
@@ -113,16 +118,46 @@ def _text(path: str | Path) -> str:
         raise Unreadable("not UTF-8 text (save the file as UTF-8)", *_line_col(before, len(before))) from None
 
 
-def read_config(path: str | Path) -> tuple[Any, list[Problem]]:
-    """The parsed JSON and one error Problem per key given twice. Raises Unreadable for what cannot be parsed."""
+def read_config(path: str | Path, consumer: Target = "deepspeed") -> tuple[Any, list[Problem]]:
+    """The parsed config and one error Problem per key given twice (plus a warning when only hjson reads it, see
+    the module docstring). `consumer` is who reads the file at run time. Raises Unreadable for what cannot be parsed."""
     text = _text(path)
     deep = _too_deep(text)
     if deep is not None:
         deeper = f"nested deeper than {MAX_DEPTH} levels"
         raise Unreadable(f"invalid JSON: {deeper}", *_line_col(text, deep), syntax=deeper)
+    found: list[Problem] = []
     try:
         parsed = json.loads(text, object_pairs_hook=_remember_duplicates)
     except json.JSONDecodeError as err:
-        raise Unreadable(f"invalid JSON: {err.msg}", err.lineno, err.colno, syntax=err.msg) from None
-    duplicates: list[Problem] = []
-    return _plain(parsed, "", duplicates), duplicates
+        parsed = _hjson_or_raise(text, err, consumer)
+        found.append(_only_hjson_reads_it(err))
+    return _plain(parsed, "", found), found
+
+
+def _hjson_or_raise(text: str, err: json.JSONDecodeError, consumer: Target) -> Any:
+    """The config as DeepSpeed's hjson reader sees it, when the consumer is plain deepspeed; Unreadable otherwise."""
+    import hjson  # a DeepSpeed dependency; imported only for files that are not JSON
+
+    where = f"invalid JSON: {err.msg}"
+    try:
+        parsed = hjson.loads(text, object_pairs_hook=_remember_duplicates)
+    except (hjson.HjsonDecodeError, RecursionError, ValueError):
+        raise Unreadable(where, err.lineno, err.colno, syntax=err.msg) from None
+    if not isinstance(parsed, dict):
+        raise Unreadable(where, err.lineno, err.colno, syntax=err.msg)  # hjson reads any text as a string
+    if consumer != "deepspeed":
+        why = (
+            f"{where} ({consumer} reads the file with strict json.load; hjson would accept it, so plain deepspeed"
+            " given the path would read it)"
+        )
+        raise Unreadable(why, err.lineno, err.colno, syntax=err.msg)
+    return parsed
+
+
+def _only_hjson_reads_it(err: json.JSONDecodeError) -> Problem:
+    message = (
+        f"not strict JSON ({err.msg} at line {err.lineno}, column {err.colno}): DeepSpeed reads a config path with"
+        " hjson and accepts it, but the HF Trainer, accelerate, json.load and most tools refuse the file"
+    )
+    return Problem("warning", ROOT, f"line {err.lineno}:{err.colno}", message, "fix the JSON syntax at that place")

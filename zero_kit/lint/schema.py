@@ -2,28 +2,27 @@
 
 `check_schema` walks the config once: unknown keys (with "did you mean"), wrong JSON types, removed and
 deprecated keys, and where "auto" stands; sections DeepSpeed hands to a pydantic model are also validated by
-that model. `check_with_deepspeed` runs DeepSpeed's own parse as the last word. Both return `lint.Problem`s;
-`lint.lint` calls them.
+that model. DeepSpeed's own parse, the last word, is `ds_parse`. `lint.lint` calls `check_schema`.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
 from typing import Any
 
-from zero_kit.lint.discover import (
-    deepspeed_parse,
-    discover,
+from zero_kit.lint.discover import discover, quiet, unwrap_model
+from zero_kit.lint.installed import (
+    REMOVED_OPTIMIZERS,
+    deepspeed_version,
+    format_examples,
+    numeric_by_use,
     optimizer_choices,
     optimizer_parameters,
-    quiet,
     removed_keys,
     scheduler_choices,
     scheduler_parameters,
-    unwrap_model,
+    zero_section_keys,
 )
-from zero_kit.lint.problem import BATCH_KEYS, ROOT, Problem, did_you_mean, join, lookup
+from zero_kit.lint.problem import Problem, Target, did_you_mean, join
 
 
 def _json_kind(value: Any) -> str:
@@ -118,8 +117,8 @@ def _looks_numeric(text: str) -> bool:
 class _Walk:
     """One pass over a config: unknown keys, wrong types, removed and deprecated keys, "auto" locations."""
 
-    def __init__(self, config: dict) -> None:
-        self.config = config
+    def __init__(self, config: dict, target: Target) -> None:
+        self.config, self.target = config, target
         self.schema = discover()
         self.removed = removed_keys()
         self.problems: list[Problem] = []
@@ -146,16 +145,34 @@ class _Walk:
             message, severity = f"unknown key {key!r} in {where}: DeepSpeed ignores it", "warning"
         self.add(severity, path, value, message, did_you_mean(key, choices))
 
-    def typed(self, path: str, value: Any, kinds: set[str] | None) -> None:
+    def typed(self, path: str, value: Any, kinds: set[str] | None, why: str = "") -> None:
         if kinds is None or value is None or _json_kind(value) in kinds:
             return
         expected = " or ".join(sorted(kinds - {"null"})) or "null"
+        message = f"expected {expected}, found {_json_kind(value)}{why}"
         if isinstance(value, str) and kinds & {"a number", "true/false"} and _looks_numeric(value):
-            self.add(
-                "error", path, value, f"expected {expected}, found a string", f"write {value.strip()} without quotes"
-            )
+            self.add("error", path, value, message, f"write {value.strip()} without quotes")
         else:
-            self.add("error", path, value, f"expected {expected}, found {_json_kind(value)}", f"write {expected} here")
+            self.add("error", path, value, message, f"write {expected} here")
+
+    def removed_key(self, path: str, value: Any) -> None:
+        message = (
+            f"{self.removed[path].strip()} The installed DeepSpeed {deepspeed_version()} refuses the whole config"
+            " with this key; it is valid only on older DeepSpeed releases"
+        )
+        self.add(
+            "error", path, value, message, "remove this key, or pin the older DeepSpeed the config was written for"
+        )
+
+    def misplaced_zero_key(self, key: str, value: Any) -> None:
+        """A zero_optimization key at the top level: DeepSpeed never looks there, so e.g. no offload happens."""
+        message = (
+            f"{key!r} belongs to zero_optimization; at the top level DeepSpeed silently ignores it"
+            " (the run goes ahead without this setting, e.g. without any offload)"
+        )
+        self.add(
+            "error", key, value, message, f'move it under zero_optimization: "zero_optimization": {{"{key}": ...}}'
+        )
 
     def section(self, data: dict, path: str) -> None:
         known = {k: v for k, v in self.schema.keys.get(path, {}).items() if join(path, k) not in self.removed}
@@ -163,9 +180,11 @@ class _Walk:
         for key, value in data.items():
             here = join(path, key)
             if here in self.removed:
-                self.add("error", here, value, self.removed[here], "remove this key")
+                self.removed_key(here, value)
             elif here in self.schema.models:
                 self.model_section(self.schema.models[here], value, here)
+            elif not path and key not in known and key in zero_section_keys():
+                self.misplaced_zero_key(key, value)
             elif key not in known and path not in self.schema.open_paths:
                 self.unknown(here, key, value, known, where, rejected=False)
             elif key in known:
@@ -182,6 +201,8 @@ class _Walk:
                 self.section(value, path)
             else:
                 self.not_object(path, value)
+        elif "." not in path and default is None:
+            self.typed(path, value, *_top_level_kinds(path))
         else:
             self.typed(path, value, _default_kinds(default))
 
@@ -201,19 +222,25 @@ class _Walk:
         for key, value in params.items():
             here = join(path, key)
             if key == "max_grad_norm" and section == "optimizer":
-                self.add(
-                    "error",
-                    here,
-                    value,
-                    "DeepSpeed refuses max_grad_norm as an optimizer parameter",
-                    "remove it and set the top-level gradient_clipping instead",
-                )
+                self.max_grad_norm(here, value)
             elif key not in names and not open_:
                 self.unknown(here, key, value, names, f"the parameters of {section} {kind!r}", rejected=True)
             elif value == "auto":
                 self.autos.append(here)
             elif key in names:
                 self.typed(here, value, _default_kinds(names[key]))
+
+    def max_grad_norm(self, path: str, value: Any) -> None:
+        """DeepSpeed refuses max_grad_norm only where it builds the optimizer from this section itself
+        (engine._configure_basic_optimizer), which it skips when the script passes its own optimizer."""
+        refuses = "DeepSpeed refuses max_grad_norm as an optimizer parameter (ValueError in deepspeed.initialize)"
+        fix = "remove it and set the top-level gradient_clipping instead"
+        if self.target == "deepspeed":
+            message = f"{refuses} when it builds the optimizer from this section, i.e. when the script passes none"
+            self.add("warning", path, value, message + "; a script passing its own optimizer never reads it", fix)
+        else:
+            message = f"{refuses}; the {self.target} integration lets DeepSpeed build the optimizer of this section"
+            self.add("error", path, value, message, fix)
 
     def model_fields(self, cls: type, data: dict, path: str) -> None:
         fields = cls.model_fields
@@ -222,7 +249,7 @@ class _Walk:
             here = join(path, key)
             name = key if key in fields else aliases.get(key)
             if here in self.removed:
-                self.add("error", here, value, self.removed[here], "remove this key")
+                self.removed_key(here, value)
                 continue
             if name is None:
                 self.unknown(here, key, value, [*fields, *aliases], f"{path!r}", rejected=True)
@@ -296,10 +323,21 @@ def _without_auto(data: Any) -> Any:
     return data
 
 
-def check_schema(config: dict) -> tuple[list[Problem], list[str], dict[str, Any]]:
+def _top_level_kinds(key: str) -> tuple[set[str] | None, str]:
+    """Expected JSON kinds of a top-level key DeepSpeed reads with a None default (so the default says nothing),
+    and why it matters: the example in DeepSpeed's *_FORMAT help, else a number where DeepSpeed computes with it."""
+    example = format_examples().get(key)
+    kinds = _default_kinds(example) if example is not None else None
+    if kinds is None and key in numeric_by_use():
+        kinds = {"a number"}
+    why = "; DeepSpeed's parser keeps the value as found and fails when it first uses it" if kinds else ""
+    return kinds, why
+
+
+def check_schema(config: dict, target: Target = "deepspeed") -> tuple[list[Problem], list[str], dict[str, Any]]:
     """Problems against DeepSpeed's schema; the key paths holding an "auto" DeepSpeed itself would not accept;
     and among those, the ones DeepSpeed silently drops (top level of a model section), with the default it uses."""
-    walk = _Walk(config)
+    walk = _Walk(config, target)
     walk.section(config, "")
     optimizer_type = lookup_type(config, "optimizer", optimizer_choices)
     scheduler_type = lookup_type(config, "scheduler", scheduler_choices)
@@ -332,45 +370,12 @@ def lookup_type(config: dict, section: str, choices) -> tuple | None:
             f"use one of {', '.join(choices()[:6])}",
         )
     builds = optimizer_parameters(kind) if section == "optimizer" else scheduler_parameters(kind)
+    if builds is None and section == "optimizer" and kind.lower() in REMOVED_OPTIMIZERS:
+        message = (
+            f"the 1-bit optimizer {kind!r} is gone from the installed DeepSpeed {deepspeed_version()} (valid only on"
+            " older releases): the parse passes, then deepspeed.initialize fails looking it up in torch.optim"
+        )
+        return ("error", path, kind, message, 'use "AdamW" or "Lamb", or pin the older DeepSpeed')
     if builds is None:
         return ("error", path, kind, f"DeepSpeed cannot build {section} {kind!r}", did_you_mean(kind, choices()))
     return None
-
-
-def check_with_deepspeed(config: dict, world_size: int, filled_autos: list[str]) -> list[Problem]:
-    """DeepSpeed's own parse as the last word, at `world_size`, with the "auto" values that the
-    target fills (`filled_autos`) taken out (and the batch triple made whole, as the Trainer would)."""
-    clean = copy.deepcopy(config)
-    for path in filled_autos:
-        *parents, last = path.split(".")
-        node = functools.reduce(lambda d, k: d.get(k, {}), parents, clean)
-        node.pop(last, None)
-    if any(k in filled_autos for k in BATCH_KEYS):
-        micro = clean.setdefault("train_micro_batch_size_per_gpu", 1)
-        accum = clean.setdefault("gradient_accumulation_steps", 1)
-        clean["train_batch_size"] = micro * accum * world_size
-    message = deepspeed_parse(clean, world_size)
-    if message is None:
-        return []
-    path = _path_named_in(config, message) or ROOT
-    return [
-        Problem(
-            "error",
-            path,
-            lookup(config, path),
-            f"DeepSpeed's own parser rejects the config: {message}",
-            "fix the value DeepSpeed names",
-        )
-    ]
-
-
-def _path_named_in(config: dict, message: str, prefix: str = "") -> str | None:
-    """The deepest key path of `config` whose last key appears in DeepSpeed's message."""
-    best = None
-    for key, value in config.items():
-        here = f"{prefix}.{key}" if prefix else key
-        if isinstance(key, str) and key in message:
-            best = here
-        if isinstance(value, dict):
-            best = _path_named_in(value, message, here) or best
-    return best

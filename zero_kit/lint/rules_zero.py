@@ -1,0 +1,128 @@
+"""The zero_optimization rules: offload and stage combinations DeepSpeed accepts silently but that do not do
+what the user meant, and the stage-3 save setting the HF Trainer and accelerate need."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zero_kit.lint.problem import Problem, Target, lookup
+
+
+def _device(config: dict, which: str) -> Any:
+    return lookup(config, f"zero_optimization.{which}.device")
+
+
+def zero_rules(config: dict, target: Target) -> list[Problem]:
+    """Offload and stage combinations DeepSpeed accepts silently but that do not do what the user meant."""
+    zero = config.get("zero_optimization")
+    if target == "accelerate" and zero is None:
+        return [
+            Problem(
+                "error",
+                "zero_optimization",
+                None,
+                "accelerate refuses a DeepSpeed config without zero_optimization",
+                'add "zero_optimization": {"stage": N}',
+            )
+        ]
+    if not isinstance(zero, dict):
+        return []
+    stage = zero.get("stage", 0)
+    stage = stage if isinstance(stage, int) and not isinstance(stage, bool) else None
+    problems = []
+    param_dev, optim_dev = _device(config, "offload_param"), _device(config, "offload_optimizer")
+    if stage is not None and stage < 3 and param_dev in ("cpu", "nvme"):
+        problems.append(
+            Problem(
+                "error",
+                "zero_optimization.offload_param.device",
+                param_dev,
+                f"parameter offload needs ZeRO stage 3 (stage is {stage}); DeepSpeed would ignore it",
+                'set zero_optimization.stage to 3 or offload_param.device to "none"',
+            )
+        )
+    if stage == 0 and optim_dev in ("cpu", "nvme"):
+        problems.append(
+            Problem(
+                "error",
+                "zero_optimization.offload_optimizer.device",
+                optim_dev,
+                "optimizer offload needs ZeRO stage 1 or higher (stage is 0)",
+                'set zero_optimization.stage to 1, 2 or 3, or offload_optimizer.device to "none"',
+            )
+        )
+    if stage is not None and 0 < stage < 3 and optim_dev == "nvme":
+        problems.append(
+            Problem(
+                "error",
+                "zero_optimization.offload_optimizer.device",
+                optim_dev,
+                f"NVMe optimizer offload needs ZeRO stage 3 (stage is {stage})",
+                'use "cpu" at this stage, or set zero_optimization.stage to 3',
+            )
+        )
+    for which, device in (("offload_param", param_dev), ("offload_optimizer", optim_dev)):
+        if device == "nvme" and not lookup(config, f"zero_optimization.{which}.nvme_path"):
+            problems.append(
+                Problem(
+                    "error",
+                    f"zero_optimization.{which}.nvme_path",
+                    None,
+                    f"{which} to NVMe needs nvme_path",
+                    f'add "nvme_path": "/local_nvme" under zero_optimization.{which}',
+                )
+            )
+    problems += _stage3_rules(zero, stage, target)
+    problems += _client_optimizer_rule(config, optim_dev, target)
+    return problems
+
+
+def _client_optimizer_rule(config: dict, optim_dev: Any, target: Target) -> list[Problem]:
+    """With optimizer offload and no optimizer section, the script's own optimizer is used; DeepSpeed raises
+    ZeRORuntimeException unless it is DeepSpeedCPUAdam (accelerate, and so the HF Trainer, swap it in themselves)."""
+    if target != "deepspeed" or optim_dev not in ("cpu", "nvme") or "optimizer" in config:
+        return []
+    if config.get("zero_force_ds_cpu_optimizer", True) is False:
+        return []
+    return [
+        Problem(
+            "warning",
+            "optimizer",
+            None,
+            "optimizer offload with the script's own optimizer: deepspeed.initialize raises unless it is DeepSpeedCPUAdam",
+            'add an "optimizer" section (e.g. {"type": "AdamW", "params": {...}}), pass DeepSpeedCPUAdam, '
+            'or set "zero_force_ds_cpu_optimizer": false',
+        )
+    ]
+
+
+def _stage3_rules(zero: dict, stage: int | None, target: Target) -> list[Problem]:
+    gather_keys = (
+        "stage3_gather_16bit_weights_on_model_save",
+        "gather_16bit_weights_on_model_save",
+        "stage3_gather_fp16_weights_on_model_save",
+    )
+    problems = []
+    if stage == 3 and target != "deepspeed" and not any(zero.get(k) is True for k in gather_keys):
+        problems.append(
+            Problem(
+                "warning",
+                "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                zero.get(gather_keys[0]),
+                "at stage 3 the HF Trainer saves empty weights unless DeepSpeed gathers them on save",
+                'set "stage3_gather_16bit_weights_on_model_save": true',
+            )
+        )
+    if stage is not None and stage < 3:
+        for key, value in zero.items():
+            if isinstance(key, str) and key.startswith("stage3_") and value not in (None, "auto"):
+                problems.append(
+                    Problem(
+                        "warning",
+                        f"zero_optimization.{key}",
+                        value,
+                        f"stage-3 setting has no effect at stage {stage}",
+                        "remove it, or set zero_optimization.stage to 3",
+                    )
+                )
+    return problems
