@@ -67,10 +67,7 @@ def test_no_import_runs_back_up_the_layers():
         for module, targets in GRAPH.items()
         for target in targets
         if _unit(target) != _unit(module)
-        and (
-            _layer(_unit(target)) > _layer(_unit(module))
-            or (_unit(module), _unit(target)) in SAME_LAYER_FORBIDDEN
-        )
+        and (_layer(_unit(target)) > _layer(_unit(module)) or (_unit(module), _unit(target)) in SAME_LAYER_FORBIDDEN)
         and not (_unit(module) == "__init__" or _unit(target) == "__init__" and target == "zero_kit")
     ]
     assert not upward, upward
