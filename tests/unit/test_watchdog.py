@@ -12,6 +12,8 @@ import sys
 import textwrap
 import time
 
+import psutil
+
 from zero_kit.watchdog import EXIT_STALLED, LONG_PHASE_FACTOR, describe, guard, read_marker, stalled, write_marker
 
 
@@ -47,6 +49,9 @@ def test_guardian_kills_a_frozen_rank_and_reports_it(tmp_path):
     frozen = subprocess.Popen(["sleep", "120"])
     try:
         os.kill(frozen.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10  # the stop is delivered asynchronously: a loaded machine shows it late
+        while psutil.Process(frozen.pid).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.05)
         since = time.time() - 10
         beat = {"rank": 0, "phase": "train", "step": 5, "time": since, "host": os.uname().nodename, "pid": frozen.pid}
         (tmp_path / "rank0.json").write_text(json.dumps(beat))
