@@ -108,3 +108,19 @@ def reachable(hosts: TwoHosts, src: int, dst: int, port: int = 9, timeout: float
     No listener needed, and no ping binary (iputils-ping is not installed here)."""
     argv = hosts.exec(src, sys.executable, "-c", _PROBE, hosts.addresses[dst], str(port), str(timeout))
     return subprocess.run(argv, capture_output=True, timeout=timeout + 20).returncode == 0
+
+
+def remove_daemon_rig(prefix: str, root, pid_files) -> None:
+    """Tear down a rig of daemons on the two hosts (sshd, Slurm): stop the daemons by PID file, kill everything left
+    in the namespaces, delete the namespaces, the rig's folder `root` and /etc/netns/PREFIX0, PREFIX1. Every step
+    runs even when an earlier one fails; safe to call when nothing is up."""
+    import shutil
+
+    from benchmarks.rigs.base import remove_etc_netns, stop_daemons, teardown
+
+    teardown(
+        lambda: stop_daemons(pid_files),
+        lambda: remove_hosts(prefix),  # kills what is left in the namespaces first
+        lambda: remove_etc_netns(hosts_for(prefix, 0).names),
+        lambda: shutil.rmtree(root, ignore_errors=True),
+    )

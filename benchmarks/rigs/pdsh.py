@@ -26,18 +26,15 @@ from benchmarks.rigs.base import (
     RigError,
     private_extensions_dir,
     rank_path,
-    remove_etc_netns,
     require,
     rig_env,
     run,
     sigterm_raises,
     start_daemon,
-    stop_daemons,
-    teardown,
     wait_until,
     write_etc_hosts,
 )
-from benchmarks.rigs.netns import TwoHosts, hosts_for, make_hosts, remove_hosts
+from benchmarks.rigs.netns import TwoHosts, make_hosts, remove_daemon_rig
 
 # StrictModes no: the key files live under /tmp (world-writable), which StrictModes rejects. UsePAM no: no
 # PAM/logind session needed. PidFile none: the rig keeps the PID itself; two sshd must not share /run/sshd.pid.
@@ -161,13 +158,7 @@ def ssh_down(prefix: str) -> None:
     """Stop sshd by PID file, kill everything left in the namespaces (sessions, ranks), delete the namespaces,
     /tmp/PREFIX-pdsh and /etc/netns/PREFIX0, PREFIX1. Safe to call when nothing is up."""
     root = pdsh_dir(prefix)
-    names = hosts_for(prefix, 0).names
-    teardown(
-        lambda: stop_daemons([root / "sshd0.pid", root / "sshd1.pid"]),
-        lambda: remove_hosts(prefix),
-        lambda: remove_etc_netns(names),
-        lambda: shutil.rmtree(root, ignore_errors=True),
-    )
+    remove_daemon_rig(prefix, root, [root / "sshd0.pid", root / "sshd1.pid"])
 
 
 @contextlib.contextmanager

@@ -12,25 +12,21 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.rigs.base import (
-    remove_etc_netns,
     require,
     rig_env,
     run,
     sigterm_raises,
     start_daemon,
-    stop_daemons,
-    teardown,
     wait_until,
     write_etc_hosts,
 )
-from benchmarks.rigs.netns import TwoHosts, hosts_for, make_hosts, remove_hosts
+from benchmarks.rigs.netns import TwoHosts, make_hosts, remove_daemon_rig
 
 DAEMONS = ("slurmd1", "slurmd0", "slurmctld", "munged")  # stop order: munged last, the others talk through it
 
@@ -177,13 +173,7 @@ def slurm_down(prefix: str) -> None:
     """Stop the daemons by PID file, kill everything left in the namespaces (job steps, ranks), delete the
     namespaces, /tmp/PREFIX-slurm and /etc/netns/PREFIX0, PREFIX1. Safe to call when nothing is up."""
     root = slurm_dir(prefix)
-    names = hosts_for(prefix, 0).names
-    teardown(
-        lambda: stop_daemons([root / f"{name}.pid" for name in DAEMONS]),
-        lambda: remove_hosts(prefix),  # kills what is left in the namespaces first
-        lambda: remove_etc_netns(names),
-        lambda: shutil.rmtree(root, ignore_errors=True),
-    )
+    remove_daemon_rig(prefix, root, [root / f"{name}.pid" for name in DAEMONS])
 
 
 @contextlib.contextmanager

@@ -9,58 +9,16 @@ parallel tests apart). Namespaces are always removed on exit, also when the run 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.rigs.netns import TwoHosts, remove_hosts, two_hosts  # noqa: F401 (the rig, re-exported)
 from zero_kit.bench.options import PROGRESS, BenchOptions
-
-
-@dataclass(frozen=True)
-class TwoHosts:
-    names: tuple[str, str]
-    addresses: tuple[str, str]
-
-    def device(self, node: int) -> str:
-        return f"{self.names[node]}v"
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
-def remove_hosts(prefix: str) -> None:
-    for node in (0, 1):
-        subprocess.run(["ip", "netns", "del", f"{prefix}{node}"], capture_output=True, timeout=30)
-
-
-@contextlib.contextmanager
-def two_hosts(prefix: str, subnet: int, rate: str | None = None) -> Iterator[TwoHosts]:
-    """Namespaces PREFIX0 / PREFIX1 at 10.78.SUBNET.1 / .2; `rate` (e.g. "200mbit") caps each host's egress."""
-    hosts = TwoHosts((f"{prefix}0", f"{prefix}1"), (f"10.78.{subnet}.1", f"10.78.{subnet}.2"))
-    remove_hosts(prefix)  # leftovers of a killed earlier run
-    try:
-        for name in hosts.names:
-            _ip("netns", "add", name)
-        _ip("link", "add", hosts.device(0), "type", "veth", "peer", "name", hosts.device(1))
-        for node, name in enumerate(hosts.names):
-            _ip("link", "set", hosts.device(node), "netns", name)
-            _ip("-n", name, "addr", "add", f"{hosts.addresses[node]}/24", "dev", hosts.device(node))
-            _ip("-n", name, "link", "set", hosts.device(node), "up")
-            _ip("-n", name, "link", "set", "lo", "up")
-            if rate:
-                tbf = ["tc", "qdisc", "add", "dev", hosts.device(node), "root", "tbf", "rate", rate]
-                _ip("netns", "exec", name, *tbf, "burst", "256kb", "latency", "50ms")
-        yield hosts
-    finally:
-        remove_hosts(prefix)
 
 
 def node_command(strategy: str, opts: BenchOptions, hosts: TwoHosts, node: int, hostfile: str, record: str) -> list:

@@ -1,0 +1,50 @@
+"""The whole DDP / FSDP2 / ZeRO comparison as ONE job on a real two-node Slurm cluster (two network-namespace
+hosts on this machine, benchmarks/rigs/slurm.py), submitted exactly as a user would:
+
+    python benchmarks/cluster_slurm.py --out benchmarks/results/slurm_2nodes
+
+It writes the sbatch script with `zero-kit bench --slurm --nodes 2 --gpus-per-node 1 ...`, submits it with
+`sbatch --wait`, and leaves in --out the script, the results directory (results.jsonl, table.md, plots, logs)
+and COMMAND.txt. Root only; the rig (prefix zkbr, 10.78.58.x) is removed on exit, also on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.rigs import slurm_cluster  # noqa: E402
+from benchmarks.rigs.base import build_cpu_ops  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="benchmarks/results/slurm_2nodes")
+    parser.add_argument("--strategies", default="ddp,fsdp,zero1,zero2,zero3")
+    parser.add_argument("--steps", default="20")
+    args = parser.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    script = out / "bench.sbatch"
+    write = [str(Path(sys.executable).parent / "zero-kit"), "bench", "--slurm", "--nodes", "2", "--gpus-per-node", "1",
+             "--strategies", args.strategies, "--steps", args.steps, "--master-port", "29790",
+             "--out", str(out), "-o", str(script)]  # fmt: skip
+    subprocess.run(write, check=True, cwd=out)
+    (out / "COMMAND.txt").write_text(
+        f"{shlex.join(['zero-kit', *write[1:]])}\nsbatch --wait {script.name}   # on a two-node Slurm 22.05 rig\n"
+    )
+    build_cpu_ops(timeout=900)
+    with slurm_cluster("zkbr", subnet=58) as cluster:
+        done = cluster.sbatch_wait(script, timeout=3000, cwd=out)
+    print(done.stdout, done.stderr, (out / "table.md").read_text() if (out / "table.md").is_file() else "")
+    return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
