@@ -4,6 +4,7 @@ tests must RUN there; only GPU tests may skip, and only when CUDA is absent."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,10 @@ from benchmarks.rigs.base import private_extensions_dir
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-# DeepSpeed's CPU op builds go to one private, cached directory per torch/DeepSpeed pair (see there).
+# DeepSpeed's CPU op builds go to one private, cached directory per torch/DeepSpeed pair (see there), built by
+# this environment's ninja: with another ninja first on PATH (the system's), each rebuilds the other's builds.
 os.environ["TORCH_EXTENSIONS_DIR"] = str(private_extensions_dir())
+os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -39,7 +42,6 @@ def pytest_collection_modifyitems(session, config, items):
     if not tiers:
         return
     import subprocess
-    import sys
     import time
 
     start = time.monotonic()
