@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 
@@ -21,6 +22,24 @@ COMMANDS = {
     "bench": "compare DDP, FSDP2 and ZeRO-0..3 with real launches: tokens/s, memory, bytes, loss parity",
     "launch": "write the launch command, hostfile or SLURM sbatch script for multi-node runs",
 }
+
+
+class _DropCpuAcceleratorNotice(logging.Filter):
+    """DeepSpeed warns "Setting accelerator to CPU. If you have GPU ..." each time it is imported on a host
+    without a GPU (deepspeed/accelerator/real_accelerator.py). zero_kit's CPU runs are CPU on purpose and
+    `zero-kit validate` runs on laptops, so the line is noise there; only that record is dropped, every other
+    DeepSpeed message (also a wrong accelerator on a GPU host) still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Setting accelerator to CPU")
+
+
+def quiet_cpu_accelerator_notice() -> None:
+    """Install the filter on DeepSpeed's logger ("DeepSpeed", deepspeed/utils/logging.py); it must come before
+    the first `import deepspeed`, which logs the notice. Idempotent."""
+    logger = logging.getLogger("DeepSpeed")
+    if not any(isinstance(f, _DropCpuAcceleratorNotice) for f in logger.filters):
+        logger.addFilter(_DropCpuAcceleratorNotice())
 
 
 def _command_module(name: str):
@@ -56,6 +75,7 @@ def strip_local_rank(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_cpu_accelerator_notice()
     argv = strip_local_rank(sys.argv[1:] if argv is None else argv)
     only = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser(only)

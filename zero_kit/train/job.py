@@ -93,11 +93,17 @@ def _train(opts: TrainOptions, ds_config: dict, args, output: Path, heartbeat) -
 
 
 def _training_arguments(opts: TrainOptions, ds_config: dict, output: Path):
+    import dataclasses
+
     import torch
     from transformers import TrainingArguments
 
     on_gpu = torch.cuda.is_available()
     precision = _precision(opts.precision, on_gpu)
+    # transformers 5.23 renamed gradient_checkpointing to activation_checkpointing and warns (FutureWarning)
+    # whenever the old keyword is passed, even as False; releases before 5.23 know only the old one.
+    fields = {field.name for field in dataclasses.fields(TrainingArguments)}
+    checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
     return TrainingArguments(
         output_dir=str(output),
         deepspeed=ds_config,
@@ -121,7 +127,7 @@ def _training_arguments(opts: TrainOptions, ds_config: dict, output: Path):
         data_seed=opts.seed,
         bf16=precision == "bf16",
         fp16=precision == "fp16",
-        gradient_checkpointing=opts.activation_checkpointing,
+        **{checkpointing: opts.activation_checkpointing},
         include_num_input_tokens_seen="non_padding",
         report_to=[],
         disable_tqdm=True,
@@ -215,6 +221,8 @@ def _gather_held_elements(model) -> dict:
 
 
 def _apply_lora(model, opts: TrainOptions):
+    import warnings
+
     from peft import LoraConfig, get_peft_model
 
     targets = [name.strip() for name in opts.lora_targets.split(",") if name.strip()]
@@ -226,7 +234,13 @@ def _apply_lora(model, opts: TrainOptions):
         task_type="CAUSAL_LM",
     )
     try:
-        return get_peft_model(model, config)
+        with warnings.catch_warnings():
+            # peft >= 0.21 reads model.is_gradient_checkpointing, which transformers >= 5.23 deprecates: their
+            # warning, not the user's to act on. Only that message is silenced, only around this call.
+            warnings.filterwarnings(
+                "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+            )
+            return get_peft_model(model, config)
     except ValueError as err:
         raise UserError(f"--lora-targets {opts.lora_targets}: {err}", "name Linear modules of the model") from err
 
