@@ -30,7 +30,7 @@ TINY_DEFAULTS = dict(
 LLAMA_STYLE_TYPES = ("llama", "mistral", "qwen2")
 ASSET_TOKENIZER = Path(__file__).resolve().parent / "assets" / "tokenizer"
 # Everything transformers raises for a directory it cannot read (missing/corrupt files, bad JSON, unknown class).
-_LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, json.JSONDecodeError)
+_LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, json.JSONDecodeError)
 
 
 def tiny_llama_config(vocab_size: int = 2048, **overrides):
@@ -57,7 +57,7 @@ def load_tokenizer(model_dir: str | None = None):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     if model_dir is None:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(ASSET_TOKENIZER))
+        tokenizer = _asset_tokenizer(PreTrainedTokenizerFast)
     else:
         _check_model_dir(model_dir, need_config=False)  # a tokenizer-only directory is fine here
         try:
@@ -73,6 +73,28 @@ def load_tokenizer(model_dir: str | None = None):
         if fallback is None:
             raise UserError(f"--model {model_dir}: tokenizer has no pad, eos or unk token", "add a pad token to it")
         tokenizer.pad_token = fallback
+    return tokenizer
+
+
+def _asset_tokenizer(fast_cls):
+    """The shipped tokenizer; its tokenizer_config.json is transformers 5's format (extra_special_tokens a list,
+    tokenizer_class TokenizersBackend), which 4.x misreads, so 4.x gets the same tokenizer built from parts."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        return fast_cls.from_pretrained(str(ASSET_TOKENIZER))
+    cfg = json.loads((ASSET_TOKENIZER / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tokenizer = fast_cls(
+        tokenizer_file=str(ASSET_TOKENIZER / "tokenizer.json"),
+        bos_token=cfg["bos_token"],
+        eos_token=cfg["eos_token"],
+        pad_token=cfg["pad_token"],
+        additional_special_tokens=cfg["extra_special_tokens"],
+        model_max_length=cfg["model_max_length"],
+        clean_up_tokenization_spaces=cfg["clean_up_tokenization_spaces"],
+        model_input_names=["input_ids", "attention_mask"],  # 4.x adds token_type_ids, which generate() refuses
+    )
+    tokenizer.chat_template = (ASSET_TOKENIZER / "chat_template.jinja").read_text(encoding="utf-8")
     return tokenizer
 
 
@@ -127,7 +149,10 @@ def load_model(model_dir: str | None = None, *, dtype=None, seed: int = 0):
     config = build_config(model_dir)
     with _seeded(seed):
         if model_dir is None:
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+            # _init_default_weights sets every parameter, so transformers' own init is skipped: in 4.x it
+            # indexes the padding row of an embedding that zero.Init has already partitioned (IndexError).
+            with _no_init_weights():
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
             _init_default_weights(model, seed)
             return model
         try:
@@ -139,6 +164,14 @@ def load_model(model_dir: str | None = None, *, dtype=None, seed: int = 0):
                 f"--model {model_dir}: cannot load the weights ({type(err).__name__}: {err})",
                 "check that the safetensors/bin files are complete (save_pretrained writes them)",
             ) from None
+
+
+def _no_init_weights():
+    try:
+        from transformers.initialization import no_init_weights  # transformers 5
+    except ImportError:
+        from transformers.modeling_utils import no_init_weights  # transformers 4.57
+    return no_init_weights()
 
 
 def _gathered(param):

@@ -54,6 +54,8 @@ def _resolve_hf_auto(config: dict, world_size: int) -> dict:
         save_on_each_node=False,
         fp16=False,
         fp16_full_eval=False,
+        fp16_backend="auto",  # read by transformers 4.x (apex era)
+        fp16_opt_level="O1",
         bf16=True,
         bf16_full_eval=False,
         get_warmup_steps=lambda n: 0,
