@@ -53,9 +53,33 @@ def test_corpus_has_both_verdicts_and_issue_threads():
     assert any(e.get("thread") for e in ENTRIES)
 
 
+def _still_supported(entry: dict) -> bool:
+    """MANIFEST.json's verdicts are DeepSpeed 0.19's, which removed whole features (deepspeedai/DeepSpeed#8489):
+    their blocks and the 1-bit optimizers. True when the entry is broken only by such a removal and the installed
+    DeepSpeed (the oldest supported, in CI's compatibility job) still has the feature, asked of DeepSpeed itself."""
+    import deepspeed.runtime.config as ds_config
+
+    if entry["verdict"] != "broken" or entry["consumer"] != "deepspeed":
+        return False
+    error = entry["error"] or ""
+    if "has been removed" in error:
+        return entry["key_path"] not in getattr(ds_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {})
+    optimizer = re.search(r"module 'torch.optim' has no attribute '(\w+)'", error)
+    return bool(optimizer) and optimizer.group(1).lower() in ds_config.DEEPSPEED_OPTIMIZERS
+
+
+def _verdict_here(entry: dict) -> str:
+    return "works" if _still_supported(entry) else entry["verdict"]
+
+
 def test_verdicts_agree_with_the_consumers_parse():
+    entries = {e["path"]: e for e in ENTRIES}
     rows = _verdicts_module().check_all()
-    wrong = [(r["path"], r["expected"], r["verdict"], r["error"]) for r in rows if r["verdict"] != r["expected"]]
+    wrong = [
+        (r["path"], _verdict_here(entries[r["path"]]), r["verdict"], r["error"])
+        for r in rows
+        if r["verdict"] != _verdict_here(entries[r["path"]])
+    ]
     assert not wrong
 
 
@@ -76,12 +100,34 @@ def test_validate_passes_working_config(entry, capsys):
     assert code == 0, _errors(problems)
 
 
+REMOVED_IN_0_19 = [
+    e for e in ENTRIES if e["verdict"] == "broken" and re.search(r"has been removed|torch.optim", e["error"])
+]
+
+
+@pytest.mark.parametrize("entry", REMOVED_IN_0_19, ids=lambda e: e["path"])
+def test_configs_broken_by_a_later_removal_pass_where_the_feature_exists(entry, request, capsys):
+    """On DeepSpeed 0.19 these are broken (the test below); on an older supported release that still has the
+    feature they work, and validate must pass them."""
+    if not _still_supported(entry):
+        return  # the installed release removed it: test_validate_fails_broken_config_at_the_key checks the error
+    if entry["key_path"] == "optimizer.type":
+        # Known gap, kept visible: the lint learns buildable optimizers from 0.19's list and its 1-bit rule does not
+        # ask DeepSpeed whether they still exist (zero_kit/lint/installed.py REMOVED_OPTIMIZERS), so on 0.18 it
+        # calls OneBitAdam & co. removed. strict: the day the lint asks, this passes and the marker must go.
+        request.applymarker(pytest.mark.xfail(strict=True, reason="lint calls 1-bit optimizers removed on <0.19"))
+    code, problems = _validate(entry, capsys)
+    assert code == 0, (entry["path"], _errors(problems))
+
+
 def _at_or_under(path: str | None, key_path: str) -> bool:
     return path is not None and (path == key_path or path.startswith(key_path + "."))
 
 
 @pytest.mark.parametrize("entry", [e for e in ENTRIES if e["verdict"] == "broken"], ids=lambda e: e["path"])
 def test_validate_fails_broken_config_at_the_key(entry, capsys):
+    if _still_supported(entry):  # works on this older release: test_configs_broken_by_a_later_removal_... checks it
+        return
     code, problems = _validate(entry, capsys)
     assert code == 1, f"validate exit {code}; consumer says: {entry['error']}"
     paths = [p.get("path") for p in problems if p.get("severity") == "error"]
