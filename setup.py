@@ -4,17 +4,24 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
-# Exact pins for the libraries whose config schemas and behaviour zero_kit depends on; torch is a
-# range so GPU users can keep their CUDA build (CPU users pin torch==2.13.0 first, see README).
-# docker/Dockerfile pins the same versions; tests/unit/test_packaging.py checks they agree.
-PINNED = {
-    "deepspeed": "0.19.8",
-    "transformers": "5.23.0",
-    "datasets": "5.2.0",
-    "accelerate": "1.15.0",
-    "peft": "0.21.2",
+# Ranges from the oldest to the newest release set tested in CI (.ci/run): constraints/oldest.txt pins every
+# lower bound below, constraints/newest.txt the newest tested releases (also used by docker/Dockerfile), and
+# tests/unit/test_packaging.py checks that the two lock files and these ranges agree. Upper bounds stop at the
+# next major (minor for DeepSpeed, whose config schema changes between minors) so an untested release is not
+# picked up silently. torch is a range so GPU users keep their CUDA build (CPU users pin torch==2.13.0 first).
+REQUIRES = {
+    "torch": ">=2.6,<2.14",
+    "deepspeed": ">=0.18.4,<0.20",  # ZeRO-2 accumulates gradients wrongly before (README: Supported versions)
+    "transformers": ">=4.57.6,<6",
+    "accelerate": ">=1.11.0,<2",
+    "peft": ">=0.18.0,<1",
+    "datasets": ">=4.0.0,<6",
+    "tokenizers": ">=0.22",
+    "safetensors": ">=0.4",
+    "matplotlib": ">=3.7",
+    "psutil": ">=5.9",
+    "ninja": ">=1.11",
 }
-TORCH_RANGE = ">=2.6,<2.14"
 
 setup(
     name="zero_kit",
@@ -26,15 +33,7 @@ setup(
     packages=find_packages(include=["zero_kit", "zero_kit.*"]),
     package_data={"zero_kit": ["assets/*", "assets/**/*"]},
     include_package_data=True,
-    install_requires=[
-        f"torch{TORCH_RANGE}",
-        *(f"{name}=={version}" for name, version in PINNED.items()),
-        "tokenizers>=0.21",
-        "safetensors>=0.4",
-        "matplotlib>=3.7",
-        "psutil>=5.9",
-        "ninja>=1.11",
-    ],
+    install_requires=[f"{name}{spec}" for name, spec in REQUIRES.items()],
     extras_require={"dev": ["pytest>=8", "ruff>=0.6", "hypothesis>=6.100"]},
     entry_points={"console_scripts": ["zero-kit=zero_kit.cli:console"]},
 )

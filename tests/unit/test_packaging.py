@@ -1,35 +1,75 @@
-"""Packaging contracts: Docker pins equal setup.py's, README and CI run the same commands, the CLI is frozen."""
+"""Packaging contracts: setup.py's ranges and the lock files agree, Docker and CI install with the lock files, README
+and CI run the same commands, the CLI is frozen."""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from zero_kit.cli import COMMANDS, build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _setup_pins() -> dict[str, str]:
-    text = (ROOT / "setup.py").read_text()
-    block = re.search(r"PINNED = \{(.*?)\}", text, re.S).group(1)
-    return dict(re.findall(r'"([\w-]+)": "([\d.]+)"', block))
+# The libraries whose config schemas and behaviour zero_kit depends on: the oldest lock pins exactly their lower
+# bound, so CI's compatibility job tests the oldest release that setup.py admits.
+SCHEMA_LIBS = ("deepspeed", "transformers", "accelerate", "peft", "datasets")
 
 
-def test_docker_pins_equal_setup_pins():
+def _setup_requires() -> dict[str, SpecifierSet]:
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "REQUIRES")
+    return {canonicalize_name(name): SpecifierSet(spec) for name, spec in ast.literal_eval(node.value).items()}
+
+
+def _lock(name: str) -> dict[str, Version]:
+    """constraints/NAME.txt as {package: version}; every line is a comment or an exact pin."""
+    pins = {}
+    for line in (ROOT / "constraints" / f"{name}.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            package, version = line.split("==")
+            pins[canonicalize_name(package)] = Version(version)
+    return pins
+
+
+def _lower_bound(spec: SpecifierSet) -> Version:
+    return next(Version(s.version) for s in spec if s.operator == ">=")
+
+
+@pytest.mark.parametrize("lock", ["oldest", "newest"])
+def test_every_lock_file_satisfies_setup_ranges(lock):
+    requires, pins = _setup_requires(), _lock(lock)
+    assert "torch" not in pins, "torch stays out of the lock files: CPU and CUDA builds are installed apart"
+    missing = sorted(set(requires) - set(pins) - {"torch"})
+    assert not missing, f"constraints/{lock}.txt pins no version of {missing}"
+    outside = {name: str(pins[name]) for name, spec in requires.items() if name in pins and pins[name] not in spec}
+    assert not outside, f"constraints/{lock}.txt is outside setup.py's ranges: {outside}"
+
+
+def test_oldest_lock_pins_the_lower_bounds():
+    requires, oldest, newest = _setup_requires(), _lock("oldest"), _lock("newest")
+    for name in SCHEMA_LIBS:
+        assert oldest[name] == _lower_bound(requires[name]), f"{name}: oldest.txt must pin setup.py's lower bound"
+        assert oldest[name] < newest[name], f"{name}: the two lock files test one version only"
+
+
+def test_docker_and_ci_install_with_the_lock_files():
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
-    args = {name.lower(): value for name, value in re.findall(r"ARG (\w+)_VERSION=([\d.]+)", dockerfile)}
-    pins = _setup_pins()
-    assert set(pins) == {"deepspeed", "transformers", "datasets", "accelerate", "peft"}
-    assert args == pins
-    torch_base = re.search(r"FROM pytorch/pytorch:([\d.]+)-", dockerfile).group(1)
-    low, high = re.search(r'TORCH_RANGE = ">=([\d.]+),<([\d.]+)"', (ROOT / "setup.py").read_text()).groups()
-    as_tuple = lambda v: tuple(int(x) for x in v.split("."))  # noqa: E731
-    assert as_tuple(low) <= as_tuple(torch_base) < as_tuple(high), "the image's torch is outside setup.py's range"
+    assert "COPY constraints ./constraints" in dockerfile
+    installs = [line for line in dockerfile.splitlines() if "pip install" in line]
+    assert installs and all("-c constraints/newest.txt" in line for line in installs), installs
+    torch_base = Version(re.search(r"FROM pytorch/pytorch:([\d.]+)-", dockerfile).group(1))
+    assert torch_base in _setup_requires()["torch"], "the image's torch is outside setup.py's range"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "-c constraints/newest.txt" in ci
 
 
 def _readme_block(heading: str) -> str:
