@@ -11,7 +11,9 @@ from setuptools import find_packages, setup
 # picked up silently. torch is a range so GPU users keep their CUDA build (CPU users pin torch==2.13.0 first).
 REQUIRES = {
     "torch": ">=2.6,<2.14",
-    "deepspeed": ">=0.18.4,<0.20",  # ZeRO-2 accumulates gradients wrongly before (README: Supported versions)
+    # ZeRO-2 with gradient accumulation: wrong gradients before 0.18.3, a crash in step() on 0.18.7-0.18.9
+    # (README: Supported versions)
+    "deepspeed": ">=0.18.3,!=0.18.7,!=0.18.8,!=0.18.9,<0.20",
     "transformers": ">=4.57.6,<6",
     "accelerate": ">=1.11.0,<2",
     "peft": ">=0.18.0,<1",
