@@ -69,7 +69,7 @@ def test_docker_and_ci_install_with_the_lock_files():
     torch_base = Version(re.search(r"FROM pytorch/pytorch:([\d.]+)-", dockerfile).group(1))
     assert torch_base in _setup_requires()["torch"], "the image's torch is outside setup.py's range"
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "-c constraints/newest.txt" in ci
+    assert "-c constraints/newest.txt" in ci and "-c constraints/oldest.txt" in ci
 
 
 def _readme_block(heading: str) -> str:
