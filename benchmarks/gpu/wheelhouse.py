@@ -35,8 +35,8 @@ DEFAULT_IMAGE = Path(__file__).with_name("image.txt")
 CARRY_LIMIT_MIB = 64  # the device tool carries at most 64 MiB of ignored paths with the working tree
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux2014_x86_64")
 UNKNOWN_VERSION = "9999"  # a bare name in image.txt: "installed, assumed to satisfy any lower bound"
-STUB_LOCAL = "zkimage"
-STUBBED = {"torch", "triton"}  # resolved as stubs even with a version: their CUDA closure is not on PyPI here  # local version label of the stubs: no real distribution on an index has it
+STUB_LOCAL = "zkimage"  # local version label of the stubs: no real distribution on an index has it
+STUBBED = {"torch", "triton"}  # stubs even with a version: their CUDA closure does not resolve off the image
 
 
 def canonical(name: str) -> str:
@@ -172,6 +172,8 @@ def build(args: argparse.Namespace) -> list[Path]:
         requirements = [f"zero_kit @ {project.as_uri()}", *image_stubs(image, pins, Path(tmp_b), True)]
         resolved = resolve(out, Path(tmp_b), requirements, constraints, flags)
     have_in_image = {(n, v) for n, v, _ in in_image if n not in absent}
+    assumed = sorted(f"{n}=={v.split('+')[0]}" for n, v in have_in_image)  # what pip install there relies on
+    (out / "image-assumed.txt").write_text("\n".join(assumed) + "\n", encoding="utf-8")
     wanted = [(n, v) for n, v, stub in resolved if not stub and n != "zero-kit" and (n, v) not in have_in_image]
     have = {wheel_key(p) for p in out.glob("*.whl")}
     for name, version in wanted:
