@@ -40,7 +40,9 @@ def render(records: list[dict]) -> str:
     lines = ["# GPU suite", "", f"versions: `{json.dumps(head.get('versions', {}))}`",
              f"hardware: `{json.dumps(head.get('hardware', {}))}`", "",
              "| part | status | wall s | reason |", "|---|---|---|---|"]  # fmt: skip
-    lines += [f"| {r['part']} | {r['status']} | {r['wall_s']:.0f} | {r['reason'] or ''} |" for r in records]
+    for r in records:  # the reason's last line (an error's message), no pipes: one table row each
+        reason = (r["reason"] or "").strip().splitlines()[-1:] or [""]
+        lines.append(f"| {r['part']} | {r['status']} | {r['wall_s']:.0f} | {reason[0].replace('|', '/')} |")
     for r in records:
         data = r.get("data", {})
         if r["part"] == "environment" and r["status"] == "ok":
