@@ -2,7 +2,7 @@
 (fault_helpers.JOB: 8 steps, a checkpoint every 2, --stall-timeout 20):
 
 - pdsh (`zero-kit train --hostfile H`): a whole node lost (every process of host 1 SIGKILLed, sshd included),
-  a rank frozen with SIGSTOP.
+  (a rank frozen with SIGSTOP on one host: tests/dist/test_stall_watchdog.py; across hosts: open, see README).
 
 The link cut and the SLURM faults (node lost: srun waits for the lost node until SlurmdTimeout; preemption:
 sbatch --wait reports 143, not 75) are not here yet: see README "When things go wrong".
@@ -16,14 +16,12 @@ on the same kind of rig. Prefixes zkfp/zkfq (pdsh, 10.78.61-62.x) and zkfs/zkft 
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
 import pytest
 from fault_helpers import (
     JOB,
-    STALL_S,
     ZERO_KIT,
     after_first_checkpoint,
     assert_bitwise_equal,
@@ -32,22 +30,17 @@ from fault_helpers import (
     kill_host,
     kill_leftovers,
     logged_steps,
-    rank_pid,
     resumed_from,
     start,
 )
 
 from benchmarks.rigs import ssh_hosts, write_hostfile
 from benchmarks.rigs.base import build_cpu_ops
-from zero_kit.watchdog import EXIT_STALLED, KILL_GRACE_S, POLL_S
 
 pytestmark = [pytest.mark.multinode, pytest.mark.skipif(os.geteuid() != 0, reason="the rigs need root")]
 RUN_TIMEOUT_S = 420
 # A node lost: the survivors' gloo connections are reset at once, their launcher ends them; measured 5-10 s.
 NODE_LOSS_BOUND_S = 30
-# Stall detection polls every POLL_S; a stopped rank's guardian kills it at once, a running one gets KILL_GRACE_S;
-# then the launchers and pdsh unwind (ssh keepalive: 3 x 5 s without an answer on a cut link).
-STALL_BOUND_S = STALL_S + 2 * POLL_S + KILL_GRACE_S + 20
 
 
 @pytest.fixture(scope="module")
@@ -107,17 +100,3 @@ def test_pdsh_node_lost_ends_the_job_and_resume_is_bitwise(tmp_path, pdsh_refere
         complete, last_step = checkpoint_step(out), logged_steps(out)[-1]
         _resume_pdsh(rig, tmp_path, out, 29902, pdsh_reference, expect_from=complete)
     print(f"steps lost: {last_step - complete}")
-
-
-def test_pdsh_frozen_rank_ends_the_job_at_the_stall_timeout(tmp_path):
-    out = tmp_path / "run"
-    with ssh_hosts("zkfp", subnet=61) as rig:
-        job = start(_pdsh_argv(rig, tmp_path, out, 29905), tmp_path / "run.log", tmp_path)
-        after_first_checkpoint(out, job)
-        os.kill(rank_pid(rig.hosts.names[1]), signal.SIGSTOP)
-        frozen_at = time.monotonic()
-        code, took = _ended(job, frozen_at, STALL_BOUND_S, list(rig.hosts.names))
-        print(f"\nrank on host 1 frozen: exit {code} in {took:.1f} s (stall timeout {STALL_S} s)")
-        assert code == EXIT_STALLED and took <= STALL_BOUND_S, (code, took, job.text()[-3000:])
-        text = job.text()
-        assert "the stall watchdog ended the job" in text and "stopped" in text, text[-3000:]
