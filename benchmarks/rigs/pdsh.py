@@ -38,6 +38,8 @@ from benchmarks.rigs.netns import TwoHosts, make_hosts, remove_daemon_rig
 
 # StrictModes no: the key files live under /tmp (world-writable), which StrictModes rejects. UsePAM no: no
 # PAM/logind session needed. PidFile none: the rig keeps the PID itself; two sshd must not share /run/sshd.pid.
+# ClientAlive* (here) and ServerAlive* (SSH_CONFIG): a cut link ends both ends of a session in ~15-20 s, as on a
+# cluster's ssh setup; without them TCP keeps a silent session for hours, and pdsh, waiting on it, never returns.
 SSHD_CONFIG = """HostKey {root}/host_key
 PidFile none
 PermitRootLogin prohibit-password
@@ -47,6 +49,8 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 UsePAM no
 PrintMotd no
+ClientAliveInterval 5
+ClientAliveCountMax 3
 """
 SSH_CONFIG = """Host *
   User root
@@ -57,6 +61,8 @@ SSH_CONFIG = """Host *
   StrictHostKeyChecking yes
   BatchMode yes
   ConnectTimeout 10
+  ServerAliveInterval 5
+  ServerAliveCountMax 3
   LogLevel ERROR
 """
 
@@ -79,6 +85,13 @@ class SshHosts:
         `timeout`. The default environment is rig_env(): the venv's bin first on PATH."""
         return subprocess.run(self.command(argv, node), capture_output=True, text=True, timeout=timeout,
                               env=dict(env or rig_env()), cwd=cwd)  # fmt: skip
+
+    def start_sshd(self, node: int) -> int:
+        """Start host `node`'s sshd (at `up`, or again after a test killed everything on the host: a reboot)."""
+        sshd = [shutil.which("sshd", path="/usr/sbin:/usr/bin") or "/usr/sbin/sshd",  # sshd wants an absolute path
+                "-D", "-e", "-f", str(self.root / "sshd_config")]  # fmt: skip
+        name = self.hosts.names[node]
+        return start_daemon(name, name, sshd, self.root / f"sshd{node}.log", self.root / f"sshd{node}.pid")
 
     def ssh(self, node: int, remote_command: str, timeout: float = 30) -> subprocess.CompletedProcess:
         """`ssh HOST command` from host 0 to host `node`, through the same client path pdsh uses."""
@@ -136,16 +149,9 @@ def ssh_up(prefix: str, subnet: int, timeout: float = 15) -> SshHosts:
     try:
         hosts = make_hosts(prefix, subnet)
         _write_keys_and_configs(root, hosts)
-        sshd = [
-            shutil.which("sshd", path="/usr/sbin:/usr/bin") or "/usr/sbin/sshd",
-            "-D",
-            "-e",
-            "-f",
-            str(root / "sshd_config"),
-        ]  # fmt: skip  (sshd insists on an absolute path)
-        for node, name in enumerate(hosts.names):
-            start_daemon(name, name, sshd, root / f"sshd{node}.log", root / f"sshd{node}.pid")
         rig = SshHosts(hosts, root)
+        for node in (0, 1):
+            rig.start_sshd(node)
         wait_until(lambda: all(rig.ssh(n, "true", 10).returncode == 0 for n in (0, 1)), timeout,
                    f"sshd (see {root}/sshd*.log)")  # fmt: skip
         return rig

@@ -67,6 +67,11 @@ class SlurmCluster:
     def srun(self, argv: Sequence[str], nodes: int = 2, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
         return self.run(["srun", f"--nodes={nodes}", "--ntasks-per-node=1", *argv], timeout=timeout, **kwargs)
 
+    def restart_slurmd(self, node: int, timeout: float = 60) -> None:
+        """A node back after a reboot: start its slurmd again and wait until both nodes are idle."""
+        start_slurmd(self.root, self.hosts, node)
+        wait_until(lambda: _all_idle(self), timeout, f"slurm nodes after restarting slurmd{node}", interval=0.5)
+
     def squeue(self) -> str:
         return self.run(["squeue", "-h", "-o", "%i %T %j"], timeout=30).stdout
 
@@ -142,8 +147,15 @@ def _start_daemons(root: Path, hosts: TwoHosts) -> None:
     wait_until(lambda: (m / "sock").exists(), 10, "munged socket")
     start_daemon(hosts.names[0], hosts.names[0], ["env", conf, "slurmctld", "-D", "-i"],
                  root / "slurmctld.out", root / "slurmctld.pid")  # fmt: skip
-    for node, name in enumerate(hosts.names):
-        start_daemon(name, name, ["env", conf, "slurmd", "-D"], root / f"slurmd{node}.out", root / f"slurmd{node}.pid")
+    for node in (0, 1):
+        start_slurmd(root, hosts, node)
+
+
+def start_slurmd(root: Path, hosts: TwoHosts, node: int) -> int:
+    """Start node `node`'s slurmd (at `up`, or again after a test killed everything on the node: a reboot)."""
+    name = hosts.names[node]
+    argv = ["env", f"SLURM_CONF={root}/slurm.conf", "slurmd", "-D"]
+    return start_daemon(name, name, argv, root / f"slurmd{node}.out", root / f"slurmd{node}.pid")
 
 
 def slurm_up(prefix: str, subnet: int, timeout: float = 30) -> SlurmCluster:

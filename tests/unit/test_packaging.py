@@ -197,3 +197,12 @@ def test_ci_installs_every_debian_package_the_rigs_need():
     ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
     line = next(line for line in ci.splitlines() if "apt-get install" in line)
     assert set(apt_packages()) <= set(line.split()), f"{sorted(set(apt_packages()) - set(line.split()))} missing"
+
+
+def test_no_two_test_modules_share_a_basename():
+    """tests/ has no __init__.py files: pytest imports test modules by basename, and a second module with the same
+    name stops the whole collection ("import file mismatch")."""
+    from collections import Counter
+
+    names = Counter(p.name for p in (Path(__file__).resolve().parents[1]).rglob("test_*.py"))
+    assert not [n for n, k in names.items() if k > 1], names.most_common(3)

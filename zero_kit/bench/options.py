@@ -53,6 +53,9 @@ class BenchOptions:
     """First rendezvous port; strategy i uses master_port + i."""
     timeout: int = 600
     """Seconds allowed per strategy run before it is killed and reported failed."""
+    stall_timeout: float = 300
+    """End a strategy's run (reported failed, the stall watchdog's report in its log) when no rank has made progress
+    for this many seconds; start-up may take 6x as long; 0 disables (--timeout still bounds the run)."""
     hostfile: str | None = None
     """Hostfile ('HOST slots=N' per line): run every strategy across its hosts (ZeRO: deepspeed over pdsh/ssh;
     DDP/FSDP2: torchrun on each host over ssh). --out must be on a filesystem every host shares."""

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from zero_kit.bench.options import PROGRESS, BenchOptions
 from zero_kit.metrics import CommCounter
+from zero_kit.watchdog import Heartbeat
 
 
 def synthetic_rows(step: int, rows: int, seq_len: int, vocab: int, seed: int):
@@ -82,7 +84,7 @@ def _global_mean(value: float, device: str) -> float:
     return t.item() / dist.get_world_size()
 
 
-def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, device: str) -> dict[str, Any]:
+def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, device: str, heartbeat) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
@@ -112,6 +114,8 @@ def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, devic
         elapsed = timer.stop()
         counting(False)
         losses.append(_global_mean(step_loss / len(micro), device))
+        if heartbeat is not None:
+            heartbeat.beat("train", step + 1)
         if rank == 0:
             print(
                 f"{PROGRESS} {strategy.name} step {step + 1}/{opts.steps} loss {losses[-1]:.6f} {elapsed:.3f}s",
@@ -142,6 +146,10 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 on GPU means TF32 matmuls (metrics.PEAK_FLOPS)
     launcher = check_name(strategy_name).launcher
     _init_distributed("deepspeed" if launcher == "deepspeed" else "torch", pg_backend)
+    heartbeat = None
+    if opts.stall_timeout > 0:  # the launch's own folder: shared by every node, like the results
+        beats = Path(opts.out) / "logs" / f"{strategy_name}.launch" / "heartbeat"
+        heartbeat = Heartbeat(beats, dist.get_rank(), dist.get_world_size(), opts.stall_timeout).start()
     finished = False
     try:
         model = build_model(opts)
@@ -159,7 +167,7 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
         )
         strategy = build_strategy(strategy_name, model, options)
         strategy.n_params, strategy.param_numels = n_params, numels
-        result = _train(strategy, opts, counter, model.config.vocab_size, device)
+        result = _train(strategy, opts, counter, model.config.vocab_size, device, heartbeat)
         record = build_record(strategy, opts, result, model, device, counter)
         if dist.get_rank() == 0 and record_path:
             with open(record_path, "a", encoding="utf-8") as f:
@@ -167,6 +175,8 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
         finished = True
         return record
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()
         end_process_group(finished)
 
 

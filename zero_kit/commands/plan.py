@@ -43,7 +43,25 @@ class PlanOptions:
     host_mem: str | None = None
     """Host RAM per node (same units as --gpu-mem); checks that offload fits. Unchecked when left out."""
     inter_node_gbps: float | None = None
-    """Inter-node bandwidth in Gbit/s; below 100, options sending fewer bytes rank first."""
+    """Inter-node bandwidth per node in Gbit/s per direction (default: the --gpu table's); below 100, options
+    sending fewer bytes rank first."""
+    intra_node_gbps: float | None = None
+    """Intra-node bandwidth per GPU in Gbit/s per direction (NVLink 4: 3600 = 450 GB/s; default: the --gpu
+    table's)."""
+    latency_us: float = 20.0
+    """Latency per collective call in microseconds (the alpha of the alpha-beta model)."""
+    mfu: float | None = None
+    """Model FLOPs utilisation of the compute, in (0, 1] (default 0.40, Llama 3 on H100); not with --calibrate."""
+    gpu: Literal["h100", "h200", "h100-pcie", "a100", "l40s", "a10g"] = "h100"
+    """GPU type for the step-time model's defaults: peak FLOP/s, NVLink/PCIe and typical inter-node bandwidth
+    (zero_kit.plan.rates)."""
+    calibrate: str | None = None
+    """A `zero-kit bench` results.jsonl: the achieved FLOP/s of its DDP (else ZeRO-0) record replace peak x MFU."""
+    rank_by: Literal["memory", "time"] = "memory"
+    """Recommend by the memory model's ranking (no offload, fewer bytes sent) or by predicted step time."""
+    assume: str | None = None
+    """Override stated constants, comma-separated KEY=VALUE: cuda_context_nccl_gib, allocator_slack,
+    host_baseline_gib, overlap, pcie_gbs, cpu_mem_gbs, cpu_adam_bytes."""
     seq_len: int = 2048
     """Sequence length in tokens."""
     micro_batch: int = 1
@@ -125,11 +143,86 @@ def resolve_model(opts: PlanOptions):
     return f"--params {opts.params} with the given dimensions", shape, n_params
 
 
-def build_inputs(opts: PlanOptions):
-    from zero_kit.plan import Hardware, Workload
+def _timing_problems(opts: PlanOptions) -> list[UserError]:
+    problems = []
+    for flag, value in (
+        ("--inter-node-gbps", opts.inter_node_gbps),
+        ("--intra-node-gbps", opts.intra_node_gbps),
+        ("--latency-us", opts.latency_us),
+    ):
+        bad = value is not None and (value < 0 if flag == "--latency-us" else value <= 0)
+        if bad:
+            bound = "0 or more" if flag == "--latency-us" else "positive"
+            problems.append(UserError(f"{flag} must be {bound}, got {value:g}", f"e.g. {flag} 100, or leave it out"))
+    if opts.mfu is not None and not 0 < opts.mfu <= 1:
+        problems.append(UserError(f"--mfu must be in (0, 1], got {opts.mfu:g}", "e.g. --mfu 0.4"))
+    if opts.mfu is not None and opts.calibrate:
+        problems.append(UserError("--mfu and --calibrate both set the compute rate", "give one of them"))
+    return problems
 
+
+def read_calibration(path: str) -> tuple[object, list[UserError]]:
+    """(Calibration or None, problems) from a `zero-kit bench` results.jsonl."""
+    from zero_kit.plan.rates import calibrate
+
+    file = Path(path)
+    if not file.is_file():
+        return None, [
+            UserError(f"--calibrate {path}: no such file", "pass the results.jsonl of a `zero-kit bench` run")
+        ]
+    records = []
+    for line in file.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # a torn last line of an interrupted run: the other records still count
+    found = calibrate(records, file.name)
+    if found is None:
+        fix = "run `zero-kit bench --strategies ddp ...` and pass its results.jsonl"
+        why = "a ddp or zero0 record with flops_per_token and tokens_per_s.per_rank"
+        return None, [UserError(f"--calibrate {path}: no usable record ({len(records)} read; need {why})", fix)]
+    return found, []
+
+
+def build_rates(opts: PlanOptions, assume, precision: str, calibration):
+    from zero_kit.plan.rates import DEFAULT_MFU, GBIT, GPU_SPECS, Rates, peak_of
+
+    spec = GPU_SPECS[opts.gpu]
+    if calibration is not None:
+        flops, source = calibration.flops_per_s, calibration.source
+    else:
+        mfu = opts.mfu or DEFAULT_MFU
+        flops = peak_of(spec, precision) * mfu
+        source = f"{spec.name} {precision} peak {peak_of(spec, precision) / 1e12:g} TFLOP/s x MFU {mfu:g}"
+    return Rates(
+        flops_per_s=flops,
+        intra_bytes_per_s=(opts.intra_node_gbps or spec.intra_gbps) * GBIT,
+        inter_bytes_per_s=(opts.inter_node_gbps or spec.inter_gbps) * GBIT,
+        latency_s=opts.latency_us * 1e-6,
+        pcie_bytes_per_s=(assume.pcie_gbs or spec.pcie_gbs) * 1e9,
+        cpu_mem_bytes_per_s=assume.cpu_mem_gbs * 1e9,
+        cpu_adam_bytes=assume.cpu_adam_bytes,
+        overlap=assume.overlap,
+        compute_source=source,
+    )
+
+
+def build_inputs(opts: PlanOptions):
+    from zero_kit.errors import raise_all
+    from zero_kit.plan import Hardware, Workload
+    from zero_kit.plan.assumptions import parse_assume
+
+    problems = _timing_problems(opts)
+    items = [item for item in (opts.assume or "").split(",") if item.strip()]
+    assume, assume_problems = parse_assume(items)
+    problems += [UserError(text, "see zero-kit plan --help for the keys") for text in assume_problems]
+    calibration = None
+    if opts.calibrate:
+        calibration, found = read_calibration(opts.calibrate)
+        problems += found
     if opts.gpu_mem is None:
-        raise UserError("--gpu-mem is required", "e.g. --gpu-mem 80GB")
+        problems.insert(0, UserError("--gpu-mem is required", "e.g. --gpu-mem 80GB"))
+    raise_all(problems, "in the flags of zero-kit plan")
     for flag, value in (("--gpus-per-node", opts.gpus_per_node), ("--nodes", opts.nodes)):
         if value < 1:
             raise UserError(f"{flag} must be at least 1, got {value}", f"pass {flag} 1 or more")
@@ -144,17 +237,23 @@ def build_inputs(opts: PlanOptions):
     )
     host = parse_size(opts.host_mem, "--host-mem") if opts.host_mem else None
     hardware = Hardware(
-        parse_size(opts.gpu_mem, "--gpu-mem"), opts.gpus_per_node, opts.nodes, host, opts.inter_node_gbps, opts.margin
+        parse_size(opts.gpu_mem, "--gpu-mem"),
+        opts.gpus_per_node,
+        opts.nodes,
+        host,
+        opts.inter_node_gbps,
+        opts.margin,
+        assume,
     )
-    return label, work, hardware
+    return label, work, hardware, build_rates(opts, assume, opts.precision, calibration)
 
 
 def run(args: argparse.Namespace) -> int:
     from zero_kit.plan import make_plan, render_json, render_text
 
     opts = dataclass_from_args(PlanOptions, args)
-    label, work, hardware = build_inputs(opts)
-    plan = make_plan(work, hardware)
+    label, work, hardware, rates = build_inputs(opts)
+    plan = make_plan(work, hardware, rates, opts.rank_by)
     print(render_json(plan, label) if opts.json else render_text(plan, label))
     if plan.recommended is None:
         if not opts.json:

@@ -3,17 +3,19 @@
 tables shared with the benchmark), buckets from `zero_kit.config.builder.bucket_sizes`; nothing is launched.
 
 Each term is a (bytes, formula) pair so the CLI can print the number beside how it was computed.
-Stated constants (not measured on this machine, which has no GPU):
+Stated constants (not measured on this machine, which has no GPU), `zero_kit.plan.assumptions` (--assume):
   CUDA context + NCCL communicators 1 GiB per GPU; allocator slack 5% of everything else;
-  host baseline 2 GiB per rank (Python, torch, CUDA libraries); a safety margin of 10% of GPU memory.
+  host baseline 2 GiB per rank (Python, torch, CUDA libraries); a safety margin of 10% of GPU memory (--margin).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from zero_kit.config.builder import bucket_sizes
 from zero_kit.plan.accounting import DTYPE_BYTES, model_state_bytes, zero12_edge_grad_bytes
+from zero_kit.plan.assumptions import Assumptions
 from zero_kit.plan.shapes import LlamaShape, lora_trainable_params
 from zero_kit.strategies import STRATEGIES, StrategyInfo
 
@@ -59,6 +61,7 @@ class Hardware:
     host_mem: int | None = None
     inter_node_gbps: float | None = None
     margin: float = 0.10
+    assume: Assumptions = Assumptions()
 
     @property
     def world_size(self) -> int:
@@ -84,6 +87,8 @@ class Option:
     fits_gpu: bool = False
     fits_host: bool | None = None
     notes: list[str] = field(default_factory=list)
+    timing: Any = None
+    """`zero_kit.plan.timing.StepTime` when the plan predicts step times."""
 
     @property
     def strategy(self) -> str:
@@ -170,13 +175,15 @@ def state_terms(strategy: str, offload: str, work: Workload, world_size: int) ->
     return gpu, host, states.formula
 
 
-def buffer_terms(strategy: str, offload: str, work: Workload, world_size: int) -> Terms:
+def buffer_terms(
+    strategy: str, offload: str, work: Workload, world_size: int, cuda_context: int = CUDA_CONTEXT_BYTES
+) -> Terms:
     """Working buffers besides states and activations: buckets, gathered layers, CUDA context."""
     s = work.shape
     a = DTYPE_BYTES[work.precision]
     buckets = bucket_sizes(s.hidden_size)
     reduce_bucket = buckets["reduce_bucket_size"]
-    terms: Terms = {"CUDA context + NCCL": (CUDA_CONTEXT_BYTES, "1 GiB, stated")}
+    terms: Terms = {"CUDA context + NCCL": (cuda_context, f"{cuda_context / GIB:g} GiB, stated")}
     trainable = work.trainable_params or work.n_params
     if strategy == "ddp":
         # zero_kit's DDP uses gradient_as_bucket_view=True, so the all-reduce buckets are the gradients themselves
@@ -216,7 +223,8 @@ def host_terms(strategy: str, offload_host: Terms, work: Workload, hardware: Har
     a = DTYPE_BYTES[work.precision]
     ranks = hardware.gpus_per_node
     n = work.n_params
-    terms: Terms = {"baseline per rank": (ranks * HOST_BASELINE_PER_RANK, f"{ranks} x 2 GiB")}
+    baseline = hardware.assume.host_baseline_bytes
+    terms: Terms = {"baseline per rank": (ranks * baseline, f"{ranks} x {baseline / GIB:g} GiB")}
     if strategy == "zero3":  # zero.Init partitions while loading: one shard plus each rank's partition
         load = (ranks * (a * n // hardware.world_size) + CHECKPOINT_SHARD_BYTES, f"{ranks} x {a}Ψ/N + 5 GiB shard")
     else:  # every rank materialises the whole 16-bit model before moving it to the GPU
@@ -256,9 +264,11 @@ def evaluate(info: StrategyInfo, work: Workload, hardware: Hardware) -> Option:
     strategy, offload = info.accounting, offload_of(info)
     gpu_states, offloaded, formula = state_terms(strategy, offload, work, hardware.world_size)
     activations = activation_terms(work)
-    buffers = buffer_terms(strategy, offload, work, hardware.world_size)
+    assume = hardware.assume
+    buffers = buffer_terms(strategy, offload, work, hardware.world_size, assume.cuda_context_bytes)
     slack_base = _sum(gpu_states) + _sum(activations) + _sum(buffers)
-    buffers["allocator slack"] = (int(slack_base * ALLOCATOR_SLACK), "5% of the rest")
+    slack = assume.allocator_slack
+    buffers["allocator slack"] = (int(slack_base * slack), f"{slack:.0%} of the rest")
     option = Option(
         info,
         gpu_states,

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from zero_kit.plan.memory import GIB, Hardware, Option, Workload, evaluate_all
+from zero_kit.plan.rates import Rates
+from zero_kit.plan.timing import step_time
 
 SLOW_LINK_GBPS = 100.0  # below this, inter-node bytes dominate step time more than offload does
 
@@ -25,9 +27,15 @@ def speed_key(option: Option, hardware: Hardware) -> tuple:
     return (offload, option.comm_bytes_per_step, total)
 
 
-def recommend(options: list[Option], hardware: Hardware) -> Option | None:
+def recommend(options: list[Option], hardware: Hardware, rank_by: str = "memory") -> Option | None:
+    """The fitting option expected fastest: by `speed_key` ("memory": the memory model's proxies), or by the
+    predicted step time ("time", needs each option's `timing`)."""
     fitting = [o for o in options if o.fits]
-    return min(fitting, key=lambda o: speed_key(o, hardware)) if fitting else None
+    if not fitting:
+        return None
+    if rank_by == "time":
+        return min(fitting, key=lambda o: (o.timing.step_s, speed_key(o, hardware)))
+    return min(fitting, key=lambda o: speed_key(o, hardware))
 
 
 @dataclass
@@ -37,13 +45,34 @@ class Plan:
     options: list[Option]
     recommended: Option | None
     reasons: list[str]
+    rates: Rates | None = None
+    rank_by: str = "memory"
 
 
-def make_plan(work: Workload, hardware: Hardware) -> Plan:
+def make_plan(work: Workload, hardware: Hardware, rates: Rates | None = None, rank_by: str = "memory") -> Plan:
+    """Every option's memory (and, with `rates`, step time), the recommendation and its reasons."""
+    if rank_by not in ("memory", "time"):
+        raise ValueError(f"rank_by must be 'memory' or 'time', got {rank_by!r}")
+    if rank_by == "time" and rates is None:
+        raise ValueError("ranking by time needs rates")
     options = evaluate_all(work, hardware)
-    best = recommend(options, hardware)
+    if rates is not None:
+        for option in options:
+            option.timing = step_time(option.info, work, hardware, rates)
+    best = recommend(options, hardware, rank_by)
     reasons = explain(best, options, work, hardware) if best else refusal(options, work, hardware)
-    return Plan(work, hardware, options, best, reasons)
+    if best and rank_by == "time":
+        reasons = [*reasons[:-1], _time_reason(best, options)]
+    return Plan(work, hardware, options, best, reasons, rates, rank_by)
+
+
+def _time_reason(best: Option, options: list[Option]) -> str:
+    runner_up = sorted((o for o in options if o.fits and o is not best), key=lambda o: o.timing.step_s)
+    versus = f", against {runner_up[0].timing.step_s:.3g} s for {runner_up[0].label}" if runner_up else ""
+    return (
+        f"Ranking by predicted step time (--rank-by time): {best.label} takes {best.timing.step_s:.3g} s per step"
+        f" ({best.timing.dominant} dominates){versus}."
+    )
 
 
 def gib(value: int | float) -> str:

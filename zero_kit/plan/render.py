@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+from zero_kit.plan.assumptions import describe
 from zero_kit.plan.memory import Option
 from zero_kit.plan.recommend import Plan
+from zero_kit.plan.timing import TERMS
 
 
 def _gib(value: int) -> str:
@@ -43,12 +45,38 @@ def render_text(plan: Plan, label: str) -> str:
     lines.append(
         "GiB per GPU; host = RAM per node; sent = bytes each rank sends per step; fits: host = GPU yes, host RAM no"
     )
+    if plan.rates is not None:
+        lines += ["", *time_table(plan)]
     lines.append("")
     lines.append(f"recommended: {plan.recommended.label}" if plan.recommended else "refused: nothing fits")
     lines += [f"  - {reason}" for reason in plan.reasons]
     shown = plan.recommended or min(plan.options, key=lambda o: o.gpu_bytes()["total"])
-    lines += ["", *breakdown(shown)]
+    lines += ["", *breakdown(shown), "  " + describe(plan.hardware.assume)]
     return "\n".join(lines)
+
+
+def time_table(plan: Plan) -> list[str]:
+    """Predicted seconds per step per option: the total, tokens/s, each term and the dominant one."""
+    rates = plan.rates
+    lines = [
+        "predicted step time:",
+        f"  {'option':<26}{'step s':>9}{'tokens/s':>11}{'compute':>9}{'intra':>9}{'inter':>9}{'offload':>9}"
+        f"{'hidden':>9}  dominant",
+    ]
+    for o in plan.options:
+        t = o.timing
+        mark = "*" if o is plan.recommended else " "
+        terms = "".join(f"{t.terms[name]:>9.3g}" for name in TERMS)
+        lines.append(
+            f"  {mark}{o.label:<25}{t.step_s:>9.3g}{t.tokens_per_s:>11,.0f}{terms}{t.hidden_s:>9.3g}  {t.dominant}"
+        )
+    lines.append(
+        f"  seconds per step (one micro batch); step = compute + comm - hidden + offload. compute: {rates.compute_source};"
+        f" intra-node {rates.intra_bytes_per_s * 8 / 1e9:g} Gbit/s per GPU, inter-node"
+        f" {rates.inter_bytes_per_s * 8 / 1e9:g} Gbit/s per node, {rates.latency_s * 1e6:g} us per collective call,"
+        f" {rates.overlap:.0%} of overlappable comm hidden (ring model: zero_kit.plan.timing)"
+    )
+    return lines
 
 
 def breakdown(option: Option) -> list[str]:
@@ -61,7 +89,7 @@ def breakdown(option: Option) -> list[str]:
     lines.append(f"  {'total per GPU':<56}{_gib(option.gpu_bytes()['total']):>8}")
     lines.append(
         "  assumed: SDPA/flash attention (no s² scores kept), logits upcast to fp32 for the loss, AdamW with fp32"
-        " states, DeepSpeed 0.19.8 buffers; CUDA context + NCCL 1 GiB and allocator slack 5% are stated, not measured"
+        " states, DeepSpeed 0.19.8 buffers; the constants below are stated, not measured"
     )
     return lines
 
@@ -78,6 +106,7 @@ def option_json(option: Option) -> dict:
         "host_bytes": option.host_bytes,
         "comm_bytes_per_step": option.comm_bytes_per_step,
         "model_states_formula": option.states_formula,
+        "timing": timing_json(option) if option.timing is not None else None,
         "terms": {
             group: {name: {"bytes": value, "formula": formula} for name, (value, formula) in terms.items()}
             for group, terms in (
@@ -87,6 +116,32 @@ def option_json(option: Option) -> dict:
                 ("host", option.host),
             )
         },
+    }
+
+
+def timing_json(option: Option) -> dict:
+    t = option.timing
+    return {
+        "step_time_s": t.step_s,
+        "tokens_per_s": t.tokens_per_s,
+        "dominant": t.dominant,
+        "seconds": {name.replace(" ", "_").replace("-", "_"): t.terms[name] for name in TERMS}
+        | {"hidden_comm": t.hidden_s, "pcie": t.pcie_s, "cpu_adam": t.cpu_adam_s},
+        "collectives": [
+            {
+                "what": c.collective.what,
+                "kind": c.collective.kind,
+                "payload_bytes": c.collective.payload,
+                "calls": c.collective.calls,
+                "ring_bytes_sent_per_gpu": c.ring_bytes,
+                "intra_node_s": c.intra_s,
+                "inter_node_s": c.inter_s,
+                "latency_s": c.latency_s,
+                "tier": c.tier,
+                "overlappable": c.collective.overlappable,
+            }
+            for c in t.comms
+        ],
     }
 
 
@@ -107,5 +162,7 @@ def render_json(plan: Plan, label: str) -> str:
         "options": [option_json(o) for o in plan.options],
         "recommended": {"strategy": best.strategy, "offload": best.offload, "label": best.label} if best else None,
         "reasons": plan.reasons,
+        "rank_by": plan.rank_by,
+        "rates": asdict(plan.rates) if plan.rates is not None else None,
     }
     return json.dumps(document, indent=2)

@@ -86,6 +86,10 @@ def convert(ckpt: Path) -> Path:
         "1",  # in-process: no process pool inside a training rank
         "--num_merge_workers",
         "1",
+        # ZeRO-1/2 checkpoints written through the HF Trainer lack the `universal_checkpoint_info` that only
+        # Megatron-DeepSpeed writes, and the tool refuses them without this (DeepSpeed issues #5405, #5430, open in
+        # 0.19.8). It adds only that missing version record; ZeRO-3 checkpoints take another path and ignore it.
+        "--inject_missing_state",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
     if proc.returncode != 0:

@@ -1,0 +1,77 @@
+"""Suite part c: `zero-kit train` end to end (ZeRO-3, bf16 on CUDA), export, reload with plain transformers
+(from_pretrained + generate), and a LoRA run, all through the public `zero-kit` CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gpu.common import Context
+
+_RELOAD = r"""
+import json, sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+path, device = sys.argv[1], sys.argv[2]
+model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16 if device == "cuda" else None).to(device)
+tok = AutoTokenizer.from_pretrained(path)
+ids = tok("ZeRO stage 3", return_tensors="pt").to(device)
+out = model.generate(**ids, max_new_tokens=12, do_sample=False)
+empty = [n for n, p in model.named_parameters() if p.numel() == 0]
+print(json.dumps({"generated": tok.decode(out[0]), "new_tokens": int(out.shape[1] - ids["input_ids"].shape[1]),
+                  "n_params": sum(p.numel() for p in model.parameters()), "empty_params": empty}))
+"""
+
+
+def _train(ctx: Context, name: str, extra: list[str]) -> dict[str, Any]:
+    output = ctx.out / "train" / name
+    steps = "2" if ctx.dry_run else "20"
+    precision = "bf16" if ctx.cuda else "fp32"
+    argv = [sys.executable, "-m", "zero_kit.cli", "train", "--output", str(output), "--max-steps", steps,
+            "--precision", precision, "--resume", "never", "--log-steps", "1", *extra]  # fmt: skip
+    if ctx.cuda:
+        argv += ["--nproc", "1"]  # under the real deepspeed launcher, as users run it
+    start = time.monotonic()
+    log = ctx.out / "train" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w", encoding="utf-8") as f:
+        done = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, timeout=max(60, min(600, ctx.remaining())))
+    result = {"command": " ".join(argv), "exit_code": done.returncode, "wall_s": time.monotonic() - start,
+              "log": str(log), "losses": _losses(output / "train_log.jsonl")}  # fmt: skip
+    if done.returncode != 0:
+        result["log_tail"] = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+    return result
+
+
+def _losses(path: Path) -> list[float]:
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [row["loss"] for row in rows if "loss" in row]
+
+
+def _reload(ctx: Context, final: Path) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-c", _RELOAD, str(final), "cuda" if ctx.cuda else "cpu"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    if done.returncode != 0:
+        return {"ok": False, "error": done.stderr[-1500:]}
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found["ok"] = found["new_tokens"] > 0 and not found["empty_params"]
+    return found
+
+
+def train(ctx: Context) -> tuple[str, str | None, dict]:
+    full = _train(ctx, "zero3", ["--stage", "3"])
+    final = ctx.out / "train" / "zero3" / "final"
+    full["reload"] = _reload(ctx, final) if full["exit_code"] == 0 else {"ok": False, "error": "training failed"}
+    lora = _train(ctx, "lora", ["--stage", "2", "--lora-r", "8", "--lora-alpha", "16"])
+    lora_final = ctx.out / "train" / "lora" / "final"
+    lora["adapter_files"] = sorted(p.name for p in lora_final.glob("*")) if lora_final.exists() else []
+    data = {"runs": {"zero3": full, "lora": lora}, "device": "cuda" if ctx.cuda else "cpu"}
+    problems = [f"{name} exited {run['exit_code']}" for name, run in data["runs"].items() if run["exit_code"] != 0]
+    if full["exit_code"] == 0 and not full["reload"]["ok"]:
+        problems.append(f"reload of the export failed: {full['reload']}")
+    return ("failed", "; ".join(problems), data) if problems else ("ok", None, data)

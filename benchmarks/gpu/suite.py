@@ -1,0 +1,125 @@
+"""GPU truth in one command. On the GPU machine, after `pip install --no-index --find-links .whl zero_kit`:
+
+    python benchmarks/gpu/suite.py --out benchmarks/results/gpu_h100
+
+Time-boxed (--budget-min, default 20 min on one H100). Parts, in order, each appending its record (one JSON line)
+to OUT/suite.jsonl the moment it finishes, so a run cut off keeps what it measured:
+
+  a. environment  GPU, driver, CUDA, torch, NCCL, DeepSpeed op builds, bf16, bf16 8192^3 matmul peak, D2D copy
+  b. correctness  the embedded model, 20 bf16 steps: ddp, fsdp, zero1, zero2, zero3, zero3_offload (+ 2 ranks on 1 GPU)
+  c. train        `zero-kit train` ZeRO-3 bf16 + export + from_pretrained/generate, and a LoRA run
+  d. throughput   ~1B LLaMA (Llama-3.2-1B shape), seq 2048, bf16: ddp vs zero0..3 and offload; tokens/s, MFU, memory
+  e. planner      `zero-kit plan --json` peak vs measured (d's runs + micro batch 2, seq 4096); context/NCCL constants
+  f. compile      torch.compile for ddp and zero3; `zeropp`: the named place for ZeRO++ qwZ/qgZ
+
+then OUT/summary.md and PNG plots (`python benchmarks/gpu/summary.py OUT` re-renders them). Targets are
+reported, never asserted (benchmarks/gpu/common.py TARGETS). Versions and hardware are in every record.
+
+CPU dry mode (CI: tests/dist/test_gpu_suite_dry.py): `python benchmarks/gpu/suite.py --dry-run --out DIR` runs
+what needs no CUDA with tiny shapes (fp32, 3 steps, ddp + zero3), writes `skipped: no CUDA` records for the
+rest, and checks every record's schema (exit 1 on a schema problem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` and `zero_kit` importable from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.gpu import parts_bench, parts_env, parts_train  # noqa: E402
+from benchmarks.gpu.common import Context, append_jsonl, check_record, make_record  # noqa: E402
+
+PARTS = [
+    ("environment", parts_env.environment),
+    ("correctness", parts_bench.correctness),
+    ("train", parts_train.train),
+    ("throughput", parts_bench.throughput),
+    ("planner", parts_bench.planner),
+    ("compile", parts_bench.compile_part),
+    ("zeropp", parts_bench.zeropp),
+]
+RESERVE_S = {"correctness": 60, "train": 60, "throughput": 120, "planner": 30, "compile": 90, "zeropp": 60}
+"""A part starts only with at least this many seconds of the budget left (else: skipped, budget spent)."""
+
+
+def _versions_and_hardware(cuda: bool) -> tuple[dict, dict]:
+    import importlib.metadata as metadata
+
+    import torch
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    for name in ("deepspeed", "transformers", "accelerate", "peft", "datasets", "zero_kit"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    hardware = {"machine": platform.machine(), "cpus": os.cpu_count(), "node": platform.node()}
+    if cuda:
+        smi = parts_env.nvidia_smi()  # not torch.cuda: this process must hold no CUDA context
+        hardware.update(gpu=smi.get("name"), driver=smi.get("driver"), gpu_count=torch.cuda.device_count())
+    return versions, hardware
+
+
+def run_part(ctx: Context, name: str, fn) -> dict:
+    start = time.monotonic()
+    if name in RESERVE_S and ctx.remaining() < RESERVE_S[name]:
+        return make_record(ctx, name, "skipped", f"skipped: time budget spent ({ctx.remaining():.0f} s left)", 0, {})
+    print(f"[gpu-suite] {name} ({ctx.remaining():.0f} s of budget left)", flush=True)
+    try:
+        status, reason, data = fn(ctx)
+    except Exception as err:  # one broken part must not cost the others their records
+        status, reason, data = "failed", f"{type(err).__name__}: {err}", {"traceback": traceback.format_exc()[-4000:]}
+    if name == "environment" and status == "ok":
+        ctx.results["environment"] = data
+    return make_record(ctx, name, status, reason, time.monotonic() - start, data)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="GPU truth in one command (see the module docstring)")
+    parser.add_argument("--out", required=True, help="output folder, e.g. benchmarks/results/gpu_h100")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes; CUDA parts write skipped records")
+    parser.add_argument("--budget-min", type=float, default=20.0, help="time box for the whole suite")
+    parser.add_argument("--parts", default=",".join(n for n, _ in PARTS), help="comma-separated subset, in order")
+    args = parser.parse_args(argv)
+    import torch
+
+    cuda = torch.cuda.is_available() and not args.dry_run
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    # DeepSpeed's INFO log (which optimizer it built) in every rank's log: see ds_info_log/sitecustomize.py.
+    hook = str(Path(__file__).resolve().with_name("ds_info_log"))
+    root = str(Path(__file__).resolve().parents[2])
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (hook, root, os.environ.get("PYTHONPATH")) if p)
+    versions, hardware = _versions_and_hardware(cuda)
+    ctx = Context(out, args.dry_run, cuda, time.monotonic() + args.budget_min * 60, versions, hardware)
+    jsonl = out / "suite.jsonl"
+    jsonl.write_text("", encoding="utf-8")
+    wanted = args.parts.split(",")
+    problems = []
+    for name, fn in PARTS:
+        if name not in wanted:
+            continue
+        record = run_part(ctx, name, fn)
+        append_jsonl(jsonl, record)
+        problems += [f"{name}: {p}" for p in check_record(json.loads(json.dumps(record, default=str)))]
+        print(
+            f"[gpu-suite] {name}: {record['status']} in {record['wall_s']:.0f} s {record['reason'] or ''}", flush=True
+        )
+    from benchmarks.gpu.summary import write_summary
+
+    print(write_summary(out).read_text(encoding="utf-8"))
+    for problem in problems:
+        print(f"schema problem: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The GPU suite's CPU dry mode: `python benchmarks/gpu/suite.py --dry-run --out DIR` runs every part that needs
+no CUDA with tiny shapes (real launches: torchrun DDP and deepspeed ZeRO-3, `zero-kit train` ZeRO-3 + export +
+reload, and LoRA), and every part writes one schema-valid record: CUDA parts say `skipped: no CUDA`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu.common import PART_DATA_KEYS, check_record
+from benchmarks.gpu.suite import PARTS
+
+pytestmark = pytest.mark.dist
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_dry_run_writes_one_valid_record_per_part(tmp_path):
+    out = tmp_path / "gpu_dry"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu/suite.py"), "--dry-run", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "suite.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [r["part"] for r in records] == [name for name, _ in PARTS] == list(PART_DATA_KEYS)
+    for record in records:
+        assert check_record(record) == [], record["part"]
+        assert record["dry_run"] and record["versions"]["torch"] and record["hardware"]["cpus"]
+    by = {r["part"]: r for r in records}
+    for part in ("environment", "correctness", "train"):  # what runs on CPU must have run, and passed
+        assert by[part]["status"] == "ok", (part, by[part]["reason"], by[part]["data"].get("traceback"))
+    for part in ("throughput", "planner", "compile"):
+        assert by[part]["status"] == "skipped" and "no CUDA" in by[part]["reason"]
+    assert by["zeropp"]["status"] == "skipped" and by["zeropp"]["reason"]
+    correctness = by["correctness"]["data"]
+    assert {r["strategy"] for r in correctness["runs"]} == {"ddp", "zero3"} and all(
+        correctness["within_tolerance"].values()
+    )
+    zero3 = next(r for r in correctness["runs"] if r["strategy"] == "zero3")
+    assert zero3["optimizer"]["client_optimizer"]  # read from DeepSpeed's INFO log: torch AdamW passed in
+    assert by["train"]["data"]["runs"]["zero3"]["reload"]["ok"]
+    assert by["environment"]["data"]["matmul"]["tflops"] > 0
+    assert (out / "summary.md").exists() and (out / "correctness.png").exists()
+
+
+def test_schema_check_names_what_is_wrong():
+    good = {"part": "throughput", "status": "skipped", "reason": "skipped: no CUDA", "wall_s": 0.0,
+            "dry_run": True, "data": {}, "versions": {}, "hardware": {}}  # fmt: skip
+    assert check_record(good) == []
+    assert check_record({**good, "status": "ok"}) == [f"throughput: data.{k} missing" for k in
+                                                      PART_DATA_KEYS["throughput"]]  # fmt: skip
+    assert check_record({**good, "reason": None}) == ["throughput: status skipped without a reason"]
+    assert check_record({**good, "wall_s": None}) == ["wall_s: missing or not <class 'float'>"]

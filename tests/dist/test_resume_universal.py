@@ -1,0 +1,53 @@
+"""Resume at another world size beyond full-model ZeRO-3 (test_reliability.py's test_6): a ZeRO-2 checkpoint and
+a LoRA (ZeRO-3) checkpoint, each written by two ranks and resumed at one through DeepSpeed's universal
+checkpoint conversion (zero_kit/train/universal.py). The micro batch keeps the global batch at 4 (2x2 -> 1x4), so
+the resumed steps see the same examples; the losses must continue the uninterrupted two-rank run within
+test_6's tolerance.
+
+Before the fix, the ZeRO-2 case failed in the conversion: `Required universal_checkpoint_info state is missing
+in checkpoint` (DeepSpeed's tool wants --inject_missing_state for checkpoints not written by Megatron-DeepSpeed;
+DeepSpeed issues #5405, #5430).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from reliability_helpers import resumed_from, start
+from train_helpers import log_records
+
+pytestmark = pytest.mark.dist
+LOSS_RTOL = 1e-4  # as test_reliability.py's test_6
+STEPS, SAVED, TIMEOUT_S = 6, 4, 300
+CASES = {"zero2": ["--stage", "2"], "lora-zero3": ["--stage", "3", "--lora-r", "8"]}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_two_rank_checkpoint_resumes_at_one_rank(tmp_path, case):
+    job_args = [*CASES[case], "--max-steps", str(STEPS)]
+    reference = tmp_path / "reference"
+    job = start(reference, 29860 + len(case), *job_args)
+    assert job.wait(TIMEOUT_S) == 0, job.text()[-4000:]
+    out = tmp_path / "run"
+    out.mkdir()
+    shutil.copytree(reference / f"checkpoint-{SAVED}", out / f"checkpoint-{SAVED}")
+    job = start(out, 29870 + len(case), *job_args, "--micro-batch", "4", nproc=1)
+    assert job.wait(TIMEOUT_S) == 0, job.text()[-4000:]
+    assert f"checkpoint-{SAVED} was written by 2 rank(s), this run has 1" in job.text()
+    assert resumed_from(job.text()) == SAVED
+    latest = (out / f"checkpoint-{SAVED}" / "latest_universal").read_text().strip()
+    assert latest == f"global_step{SAVED}_universal"
+    _assert_losses_continue(out, reference)
+
+
+def _assert_losses_continue(out: Path, reference: Path) -> None:
+    resumed = {r["step"]: r["loss"] for r in log_records(out)}
+    uninterrupted = {r["step"]: r["loss"] for r in log_records(reference)}
+    assert sorted(resumed) == list(range(SAVED + 1, STEPS + 1))
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(uninterrupted[step], rel=LOSS_RTOL), (step, loss, uninterrupted[step])
+    # Not a fresh model by accident: a re-initialised one would be back near the first step's loss.
+    assert uninterrupted[1] - resumed[SAVED + 1] > 10 * LOSS_RTOL * uninterrupted[1]
+    print(f"\nresumed at 1 rank: {resumed} vs 2 ranks: {uninterrupted}")

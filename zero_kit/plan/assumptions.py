@@ -1,0 +1,86 @@
+"""The planner's stated constants: numbers it cannot measure on the machine that runs `zero-kit plan` (which
+usually has no GPU), shown in its output and overridable with `--assume KEY=VALUE`. The defaults are the values
+the memory model always used; the timing ones are explained beside each field and in `zero_kit.plan.timing`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    cuda_context_nccl_gib: float = 1.0
+    """GiB per GPU for the CUDA context, cuBLAS/NCCL workspaces and NCCL communicator buffers."""
+    allocator_slack: float = 0.05
+    """Fraction added to everything else on the GPU for the caching allocator's fragmentation."""
+    host_baseline_gib: float = 2.0
+    """GiB of host RAM per rank for Python, torch and the CUDA libraries."""
+    overlap: float = 0.8
+    """Fraction of the overlappable collectives' time hidden behind compute (never more than the compute time)."""
+    pcie_gbs: float | None = None
+    """GB/s per GPU between host and GPU for offload copies (default: the --gpu table's value)."""
+    cpu_mem_gbs: float = 200.0
+    """GB/s of host memory bandwidth per node that CPU Adam achieves (shared by the node's ranks)."""
+    cpu_adam_bytes: float = 30.0
+    """Bytes CPU Adam moves per parameter per step: reads fp32 param, grad, m, v (16), writes param, m, v (12)
+    and the 16-bit copy (2)."""
+
+    @property
+    def cuda_context_bytes(self) -> int:
+        return int(self.cuda_context_nccl_gib * GIB)
+
+    @property
+    def host_baseline_bytes(self) -> int:
+        return int(self.host_baseline_gib * GIB)
+
+    def changed(self) -> dict[str, float]:
+        """The keys given a value other than the default (what the output marks as overridden)."""
+        default = Assumptions()
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(default, f.name)
+        }
+
+
+_FRACTIONS = ("allocator_slack", "overlap")
+
+
+def parse_assume(items: list[str]) -> tuple[Assumptions, list[str]]:
+    """`["overlap=0.5", "cpu_mem_gbs=100"]` -> Assumptions, plus every problem found (empty when all are fine)."""
+    keys = [f.name for f in dataclasses.fields(Assumptions)]
+    values: dict[str, float] = {}
+    problems: list[str] = []
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in keys:
+            problems.append(f"--assume {item!r}: write KEY=VALUE with KEY one of {', '.join(keys)}")
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            problems.append(f"--assume {key}={text!r} is not a number")
+            continue
+        low_ok = value >= 0 if key in _FRACTIONS or key.endswith("_gib") else value > 0
+        if not low_ok or (key in _FRACTIONS and value > 1):
+            bound = "in [0, 1]" if key in _FRACTIONS else (">= 0" if key.endswith("_gib") else "> 0")
+            problems.append(f"--assume {key}={value:g} must be {bound}")
+            continue
+        values[key] = value
+    return Assumptions(**values), problems
+
+
+def describe(assume: Assumptions) -> str:
+    """One line for the output: every constant, with the overridden ones marked."""
+    changed = assume.changed()
+    parts = []
+    for f in dataclasses.fields(assume):
+        value = getattr(assume, f.name)
+        if value is None:
+            continue
+        parts.append(f"{f.name}={value:g}" + ("*" if f.name in changed else ""))
+    return "assumed (--assume KEY=VALUE; * = overridden): " + ", ".join(parts)
