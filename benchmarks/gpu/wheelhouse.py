@@ -10,13 +10,13 @@ How the closure is found: B - A, by name and version, for the GPU machine's Pyth
 --dry-run --report --only-binary=:all: --python-version --platform`). A is what the image has: `image.txt`
 resolved with its dependencies (torch and bare names are metadata-only stub wheels: torch's CUDA closure is not
 resolvable here, a bare name's version is unknown). B is the project resolved against PyPI + stubs of the
-image's packages; an image package the project pins to another version gets no stub, so the pinned one and
+image's packages; an image package outside the project's range gets no stub, so the constrained one and
 its dependencies come from PyPI. What B has and A lacks is downloaded (`pip download --no-deps`, same tags).
 A dependency A resolved to today's version is assumed present: if the image is older, put its `pip freeze`
 in --image (any NAME==VERSION lines). DeepSpeed has only an sdist; it builds into a
 pure-Python wheel (`pip wheel --no-deps deepspeed==X`). The project itself is `pip wheel --no-deps .`.
-Versions come from the project's pins (setup.py) plus `--constraints FILE` (default: constraints.txt at the
-repository root when there is one). Refuses (exit 2) when the wheelhouse exceeds what the device tool carries.
+Versions come from the project's pins (setup.py: ranges) plus `--constraints FILE` (default:
+constraints/newest.txt, the newest release set CI tests, so the GPU runs what CI ran). Refuses (exit 2) when the wheelhouse exceeds what the device tool carries.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_IMAGE = Path(__file__).with_name("image.txt")
@@ -123,15 +126,30 @@ def resolve(out: Path, stubs: Path, requirements: list[str], constraints: Path |
     ]
 
 
-def image_stubs(image: dict[str, str | None], pins: dict[str, str], stubs: Path, for_project: bool) -> list[str]:
+def project_ranges(project: Path) -> dict[str, SpecifierSet]:
+    """{canonical name: version range} of the project's own (non-extra) requirements, from its wheel."""
+    ranges = {}
+    for line in wheel_requires(project):
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            ranges[canonical(req.name)] = req.specifier
+    return ranges
+
+
+def image_stubs(
+    image: dict[str, str | None], ranges: dict[str, SpecifierSet], stubs: Path, for_project: bool
+) -> list[str]:
     """Stub wheels for the image's packages and the requirements that select them. For the image alone (A),
     only what cannot be resolved here is stubbed (torch: its CUDA closure; bare names: unknown version), the
-    rest resolves with its real dependencies. For the project (B), an entry the project pins to another version
-    (or a bare name it pins) is left out: the pinned one is shipped."""
+    rest resolves with its real dependencies. For the project (B), the image's version of a package the project
+    requires is kept when it is inside the project's range (setup.py), as `pip install` there would keep it;
+    one outside it, or a bare name where the range has an upper bound (its version is unknown), is left out: the
+    constrained one is shipped."""
     requirements = []
     for name, version in image.items():
-        if for_project and name in pins and pins[name] != version:
-            print(f"image has {name}=={version or '?'}, the project pins {pins[name]}: shipping {pins[name]}")
+        if for_project and name in ranges and not ranges[name].contains(version or UNKNOWN_VERSION):
+            print(f"image has {name}=={version or '? (bare name: may be above)'}, the project needs "
+                  f"{ranges[name]}: shipping the constrained version")  # fmt: skip
             continue
         if not for_project and version is not None and name not in STUBBED:
             requirements.append(f"{name}=={version}")
@@ -142,8 +160,21 @@ def image_stubs(image: dict[str, str | None], pins: dict[str, str], stubs: Path,
     return requirements
 
 
+def kept_constraints(constraints: Path | None, stubbed: list[str], folder: Path) -> Path | None:
+    """The constraints file without the packages the image keeps (their stub is the version pip must take)."""
+    if constraints is None:
+        return None
+    kept = {canonical(r.split("==")[0]) for r in stubbed}
+    lines = [line for line in constraints.read_text(encoding="utf-8").splitlines()
+             if canonical(re.split(r"[=<>!~ ;\[]", line.strip(), maxsplit=1)[0] or "#") not in kept]  # fmt: skip
+    path = folder / "constraints.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
 def project_wheels(out: Path, constraints: Path | None, sdist_only: list[str]) -> tuple[Path, dict[str, str]]:
-    """The project's wheel, wheels built here for pinned sdist-only packages, and the exact pins."""
+    """The project's wheel, wheels built here for pinned sdist-only packages, and the exact pins (the project's
+    own exact requirements, then the constraints file's)."""
     pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(out), str(ROOT))
     project = max(out.glob("zero_kit-*.whl"), key=lambda p: p.stat().st_mtime)
     pins = exact_pins(wheel_requires(project))
@@ -168,9 +199,10 @@ def build(args: argparse.Namespace) -> list[Path]:
     image, absent = read_image(Path(args.image))
     flags = target_flags(args.python_version, args.platform)
     with tempfile.TemporaryDirectory() as tmp_a, tempfile.TemporaryDirectory() as tmp_b:
-        in_image = resolve(out, Path(tmp_a), image_stubs(image, pins, Path(tmp_a), False), None, flags)
-        requirements = [f"zero_kit @ {project.as_uri()}", *image_stubs(image, pins, Path(tmp_b), True)]
-        resolved = resolve(out, Path(tmp_b), requirements, constraints, flags)
+        in_image = resolve(out, Path(tmp_a), image_stubs(image, {}, Path(tmp_a), False), None, flags)
+        stubbed = image_stubs(image, project_ranges(project), Path(tmp_b), True)
+        requirements = [f"zero_kit @ {project.as_uri()}", *stubbed]
+        resolved = resolve(out, Path(tmp_b), requirements, kept_constraints(constraints, stubbed, Path(tmp_b)), flags)
     have_in_image = {(n, v) for n, v, _ in in_image if n not in absent}
     assumed = sorted(f"{n}=={v.split('+')[0]}" for n, v in have_in_image)  # what pip install there relies on
     (out / "image-assumed.txt").write_text("\n".join(assumed) + "\n", encoding="utf-8")
@@ -192,9 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python, e.g. 3.12")
     parser.add_argument("--platform", action="append", help=f"wheel platform tags (default: {', '.join(PLATFORMS)})")
     parser.add_argument("--image", default=str(DEFAULT_IMAGE), help="what the image has (default: image.txt here)")
-    default_constraints = ROOT / "constraints.txt"
-    parser.add_argument("--constraints", default=str(default_constraints) if default_constraints.exists() else None,
-                        help="exact pins, passed to pip as -c (default: constraints.txt at the root if present)")  # fmt: skip
+    default_constraints = ROOT / "constraints" / "newest.txt"
+    parser.add_argument("--constraints", default=str(default_constraints),
+                        help="exact pins, passed to pip as -c (default: constraints/newest.txt)")  # fmt: skip
     parser.add_argument("--sdist-only", nargs="*", default=["deepspeed"], help="pinned packages built here as wheels")
     parser.add_argument("--max-mib", type=float, default=CARRY_LIMIT_MIB, help="refuse a bigger wheelhouse")
     args = parser.parse_args(argv)
