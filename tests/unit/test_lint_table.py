@@ -136,6 +136,7 @@ def _release_facts() -> dict[str, bool]:
         "removed-feature": "sparse_attention" in removed_top,
         "removed-zero-key": "mics_shard_size" in removed_zero,
         "bad-allreduce-op": "gradient_allreduce_op" in discover().keys[""],
+        "one-bit-optimizer": "onebitadam" not in ds_config.DEEPSPEED_OPTIMIZERS,
         "hybrid-engine-bound": deepspeed_parse({"train_batch_size": 16, "hybrid_engine": {"max_out_tokens": 0}}, 4)
         is not None,
     }
@@ -148,6 +149,7 @@ ON_OLDER_RELEASES = {
     "removed-zero-key": None,
     "bad-allreduce-op": ("unknown key", "warning"),
     "hybrid-engine-bound": None,
+    "one-bit-optimizer": None,
 }
 
 

@@ -205,15 +205,18 @@ def test_removed_keys_name_the_installed_release():
         assert not any("older DeepSpeed releases" in p.message for p in problems), [str(p) for p in problems]
 
 
-def test_one_bit_optimizer_passes_the_parse_and_is_an_error(request):
+def test_one_bit_optimizer_passes_the_parse_and_is_an_error():
     from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
 
     config = {"train_batch_size": 8, "optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3}}}
     assert deepspeed_parse(config, 1) is None
     if "onebitadam" in DEEPSPEED_OPTIMIZERS:  # DeepSpeed <= 0.18 still builds it: no error is right there
-        # Known gap, kept visible (strict): the lint's 1-bit rule does not ask DeepSpeed (lint/installed.py).
-        request.applymarker(pytest.mark.xfail(strict=True, reason="lint calls 1-bit optimizers removed on <0.19"))
+        from deepspeed.runtime.fp16.onebit.adam import OnebitAdam
+
         assert not [p for p in _at(lint(config), "optimizer.type") if p.severity == "error"]
+        bad = {**config, "optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3, "freeze_stepz": 2}}}
+        (problem,) = _at(lint(bad), "optimizer.params.freeze_stepz")  # its real signature is read, as for Adam
+        assert "freeze_step" in problem.fix and "freeze_step" in inspect.signature(OnebitAdam).parameters
         return
     import torch
 

@@ -106,16 +106,11 @@ REMOVED_IN_0_19 = [
 
 
 @pytest.mark.parametrize("entry", REMOVED_IN_0_19, ids=lambda e: e["path"])
-def test_configs_broken_by_a_later_removal_pass_where_the_feature_exists(entry, request, capsys):
+def test_configs_broken_by_a_later_removal_pass_where_the_feature_exists(entry, capsys):
     """On DeepSpeed 0.19 these are broken (the test below); on an older supported release that still has the
     feature they work, and validate must pass them."""
     if not _still_supported(entry):
         return  # the installed release removed it: test_validate_fails_broken_config_at_the_key checks the error
-    if entry["key_path"] == "optimizer.type":
-        # Known gap, kept visible: the lint learns buildable optimizers from 0.19's list and its 1-bit rule does not
-        # ask DeepSpeed whether they still exist (zero_kit/lint/installed.py REMOVED_OPTIMIZERS), so on 0.18 it
-        # calls OneBitAdam & co. removed. strict: the day the lint asks, this passes and the marker must go.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="lint calls 1-bit optimizers removed on <0.19"))
     code, problems = _validate(entry, capsys)
     assert code == 0, (entry["path"], _errors(problems))
 

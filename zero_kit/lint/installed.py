@@ -19,7 +19,10 @@ from zero_kit.lint.discover import import_deepspeed
 
 REMOVED_OPTIMIZERS = ("onebitadam", "zerooneadam", "onebitlamb")
 """1-bit optimizer types of DeepSpeed <= 0.18 (ONEBIT_ADAM_OPTIMIZER, ...). 0.19 dropped them from
-DEEPSPEED_OPTIMIZERS, so its parse passes and `deepspeed.initialize` fails looking them up in torch.optim."""
+DEEPSPEED_OPTIMIZERS, so its parse passes and `deepspeed.initialize` fails looking them up in torch.optim.
+Where the installed DeepSpeed still lists them, their classes are read like any other optimizer's."""
+_ONE_BIT_CLASSES = {"onebitadam": ("adam", "OnebitAdam"), "zerooneadam": ("zoadam", "ZeroOneAdam"),
+                    "onebitlamb": ("lamb", "OnebitLamb")}  # fmt: skip
 # Arithmetic that only a number survives; `+` is left out because strings concatenate.
 _NUMERIC_OPS = (ast.Mod, ast.FloorDiv, ast.Mult, ast.Div, ast.Sub, ast.Pow)
 
@@ -145,6 +148,9 @@ def _optimizer_classes(name: str) -> tuple[list[Any], dict[str, Any]]:
         from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
 
         return [DeepSpeedCPULion, FusedLion], {}
+    if lowered in REMOVED_OPTIMIZERS and lowered in ds_config.DEEPSPEED_OPTIMIZERS:  # DeepSpeed <= 0.18 has them
+        module, cls_name = _ONE_BIT_CLASSES[lowered]
+        return [getattr(importlib.import_module(f"deepspeed.runtime.fp16.onebit.{module}"), cls_name)], {}
     torch_cls = getattr(torch.optim, name, None)
     if isinstance(torch_cls, type) and issubclass(torch_cls, torch.optim.Optimizer):
         return [torch_cls], {}
@@ -179,6 +185,7 @@ def optimizer_parameters(name: str) -> tuple[dict[str, Any], bool] | None:
     accepted, open_ = dict(extras), False
     for cls in classes:
         names, cls_open = _parameters(cls, skip=1)
+        names.pop("deepspeed", None)  # the 1-bit optimizers' engine argument, passed by DeepSpeed itself
         accepted.update({k: v for k, v in names.items() if k not in accepted})
         open_ = open_ or cls_open
     return accepted, open_
