@@ -22,7 +22,7 @@ PART_DATA_KEYS: dict[str, tuple[str, ...]] = {
     "throughput": ("model", "runs", "targets"),
     "planner": ("comparisons", "overhead", "targets"),
     "compile": ("runs",),
-    "zeropp": ("strategies",),
+    "zeropp": ("strategies", "train_runs"),
 }
 TARGETS = {"zero3_vs_ddp_tokens_per_s": 0.90, "ddp_mfu_bf16": 0.45, "planner_peak_rel_error": 0.10}
 """What the suite reports against (never asserts): ZeRO-3 at >= 90% of plain PyTorch tokens/s at world size 1

@@ -1,5 +1,5 @@
-"""Suite parts b (bf16 correctness), d (throughput, ~1B LLaMA), e (planner truth), f (compile, ZeRO++ place),
-all through zero_kit.bench.run_bench (one real launch per strategy) and `zero-kit plan --json`."""
+"""Suite parts b (bf16 correctness), d (throughput, ~1B LLaMA), e (planner truth), f (compile; ZeRO++ is part g,
+parts_zeropp.py), all through zero_kit.bench.run_bench (one real launch per strategy) and `zero-kit plan --json`."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ FP32_LOSS_TOL = 1e-4
 THROUGHPUT = ["ddp", "zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"]
 ZEROPP_STRATEGIES: list[str] = []
 """The place for ZeRO++ (qwZ quantized weights, qgZ quantized gradients; hpZ): add their registry names here once
-zero_kit.strategies has them; the zeropp part then benchmarks them against zero3 like the throughput part."""
+zero_kit.strategies has them; the zeropp part (parts_zeropp.py) then benchmarks them against zero3."""
 
 
 def model_dir(ctx: Context) -> Path:
@@ -181,14 +181,3 @@ def compile_part(ctx: Context) -> tuple[str, str | None, dict]:
     records = run_strategies(ctx, "compile", ["ddp", "zero3"], nproc=1, precision="bf16", model=str(model_dir(ctx)),
                              seq_len=2048, micro_batch=1, steps=10, warmup=4, compile=True, timeout=420)  # fmt: skip
     return "ok", None, {"runs": [summarize_run(r) for r in records]}
-
-
-def zeropp(ctx: Context) -> tuple[str, str | None, dict]:
-    """Part f': ZeRO++ (qwZ/qgZ) - a named place, empty until the strategies exist (see ZEROPP_STRATEGIES)."""
-    if not ZEROPP_STRATEGIES:
-        return "skipped", "not implemented yet: no ZeRO++ (qwZ/qgZ) strategy in zero_kit.strategies", {}
-    if not ctx.cuda:
-        return "skipped", "skipped: no CUDA", {"strategies": ZEROPP_STRATEGIES}
-    records = run_strategies(ctx, "zeropp", ["zero3", *ZEROPP_STRATEGIES], nproc=1, precision="bf16",
-                             model=str(model_dir(ctx)), seq_len=2048, micro_batch=1, steps=10, warmup=4)  # fmt: skip
-    return "ok", None, {"strategies": ZEROPP_STRATEGIES, "runs": [summarize_run(r) for r in records]}

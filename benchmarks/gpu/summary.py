@@ -56,6 +56,13 @@ def render(records: list[dict]) -> str:
                 lines.append(f"within tolerance {data['tolerance']}: `{json.dumps(data['within_tolerance'])}`")
             if data.get("targets"):
                 lines.append(f"targets: `{json.dumps(data['targets'])}`")
+        if r["part"] == "zeropp" and data.get("train_runs"):
+            lines += ["", "## zeropp (zero-kit train --ds-config, 1 GPU)", "| run | exit | last loss | max rel loss diff"
+                      " vs zero3 |", "|---|---|---|---|"]  # fmt: skip
+            for name, run in data["train_runs"].items():
+                last = run.get("losses", [None])[-1:] or [None]
+                lines.append(f"| {name} | {run['exit_code']} | {_fmt(last[0])} | "
+                             f"{_fmt(run.get('max_rel_loss_diff_vs_zero3'))} |")  # fmt: skip
         if r["part"] == "planner" and data.get("comparisons"):
             lines += ["", "## planner", "| strategy | seq | micro | predicted GiB | measured reserved+context GiB | "
                       "error |", "|---|---|---|---|---|---|"]  # fmt: skip

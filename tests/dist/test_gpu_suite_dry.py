@@ -33,7 +33,9 @@ def test_dry_run_writes_one_valid_record_per_part(tmp_path):
         assert by[part]["status"] == "ok", (part, by[part]["reason"], by[part]["data"].get("traceback"))
     for part in ("throughput", "planner", "compile"):
         assert by[part]["status"] == "skipped" and "no CUDA" in by[part]["reason"]
-    assert by["zeropp"]["status"] == "skipped" and by["zeropp"]["reason"]
+    zeropp = by["zeropp"]  # qwZ/qgZ are CUDA-only: on CPU the generator (told so) and a train run refuse them
+    assert zeropp["status"] == "skipped" and "refused" in zeropp["reason"], (zeropp["reason"], zeropp["data"])
+    assert all(r["refused"] and "CPU backend" in r["message"] for r in zeropp["data"]["cpu_refusal"].values())
     correctness = by["correctness"]["data"]
     assert {r["strategy"] for r in correctness["runs"]} == {"ddp", "zero3"} and all(
         correctness["within_tolerance"].values()

@@ -81,7 +81,7 @@ def test_buckets_follow_the_hidden_size():
         (ZeroSpec(stage=2, offload_param="cpu"), "--offload-param cpu needs --stage 3"),
         (ZeroSpec(stage=0, offload_optimizer="cpu"), "needs --stage 1 or more"),
         (ZeroSpec(stage=2, offload_optimizer="nvme", nvme_path="/nvme"), "nvme needs --stage 3"),
-        (ZeroSpec(stage=3, offload_param="nvme"), "NVMe offload needs --nvme-path"),
+        (ZeroSpec(stage=3, offload_param="nvme"), "--offload-param nvme needs --nvme-path"),
         (ZeroSpec(stage=3, nvme_path="/nvme"), "--nvme-path is only used"),
         (ZeroSpec(stage=2, global_batch=64), "needs the world size"),
     ],

@@ -55,13 +55,16 @@ def _value_strategies(tmp: Path) -> dict:
         "--lr": FLOATS,
         "--weight-decay": FLOATS,
         "--gradient-clipping": FLOATS,
+        "--hpz-partition-size": INTS,
+        "--device": _choice("cuda", "cpu", "gpu"),
         "--model": _choice(str(tmp / "no_such_model"), str(bad_model), str(tmp / "good_model"), str(tmp / "file")),
         "--accelerate-yaml": _choice(str(tmp / "acc.yaml"), str(tmp / "file" / "acc.yaml")),
         "-o": _choice(str(tmp / "out" / "ds.json"), str(tmp / "file" / "ds.json"), str(tmp)),
     }
 
 
-SWITCHES = ["--pin-memory", "--no-pin-memory", "--hf-auto", "--no-hf-auto"]
+SWITCHES = ["--pin-memory", "--no-pin-memory", "--hf-auto", "--no-hf-auto", "--hpz", "--quantized-weights",
+            "--quantized-gradients", "--bf16-master-weights", "--bf16-optimizer-states", "--torch-autocast"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

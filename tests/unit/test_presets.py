@@ -76,7 +76,7 @@ def test_every_preset_parses_with_deepspeed(path, world_size, monkeypatch):
     if path.stem.startswith("hf_"):
         assert "auto" in path.read_text()
         config = _resolve_hf_auto(config, world_size)
-        assert "auto" not in json.dumps(config), "the Trainer left an auto value unfilled"
+        assert '"auto"' not in json.dumps(config), "the Trainer left an auto value unfilled"
     parsed = _parse_with_deepspeed(config, world_size, monkeypatch)
     stage = config["zero_optimization"]["stage"]
     assert parsed.zero_optimization_stage == stage
@@ -87,6 +87,12 @@ def test_every_preset_parses_with_deepspeed(path, world_size, monkeypatch):
         assert parsed.zero_config.prefetch_bucket_size == int(0.9 * 4096 * 4096)
     if "offload" in path.stem:
         assert parsed.zero_config.offload_optimizer.device == "cpu"
+    if "zeropp" in path.stem:
+        zero = parsed.zero_config
+        assert (zero.zero_hpz_partition_size, zero.zero_quantized_weights, zero.zero_quantized_gradients) == (8, 1, 1)
+    if "bf16_states" in path.stem:
+        bf16 = parsed.bfloat16_config
+        assert bf16.bf16_master_weights_and_grads and bf16.bf16_optimizer_states and parsed.torch_autocast_enabled
 
 
 def test_each_preset_is_what_zero_kit_config_writes_for_the_same_flags(tmp_path, capsys):

@@ -12,7 +12,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from zero_kit.errors import UserError
 from zero_kit.options import add_dataclass_arguments
@@ -26,6 +26,10 @@ class ValidateOptions:
     """Data-parallel ranks the config will run at. Default: WORLD_SIZE, SLURM_NTASKS or OMPI_COMM_WORLD_SIZE."""
     json: bool = False
     """Print the problems as a JSON list (each with file, severity, path, value, message, fix)."""
+    device: Literal["cuda", "cpu"] | None = None
+    """What the run uses: cpu refuses CUDA-only features (ZeRO++ qwZ/qgZ). Default: not judged."""
+    gpus_per_node: int | None = None
+    """Ranks per node, for ZeRO++ hpZ (its partition size should divide it). Default: not judged."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +89,15 @@ def run(args: argparse.Namespace) -> int:
     from zero_kit.lint import LintContext, Unreadable
 
     world_size, source = world_size_from(args.world_size, dict(os.environ))
-    context = LintContext(world_size=world_size, world_size_source=source, target=args.target)
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise UserError(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}", "pass the GPUs of one node")
+    context = LintContext(
+        world_size=world_size,
+        world_size_source=source,
+        target=args.target,
+        device=args.device,
+        ranks_per_node=args.gpus_per_node,
+    )
     everything: list[dict[str, Any]] = []
     worst = EXIT_OK
     for path in args.files:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zero_kit.config.spec import ZeroSpec
+from zero_kit.config.zeropp import low_precision_sections, zeropp_problems, zeropp_zero_keys
 from zero_kit.errors import BatchSizeError, UserError, raise_all
 
 AUTO = "auto"
@@ -170,8 +171,13 @@ def _offload_problems(spec: ZeroSpec) -> list[UserError]:
         )
     uses_nvme = "nvme" in (spec.offload_optimizer, spec.offload_param)
     if uses_nvme and not spec.nvme_path:
+        chosen = " and ".join(
+            f"--{k} nvme"
+            for k in ("offload-optimizer", "offload-param")
+            if getattr(spec, k.replace("-", "_")) == "nvme"
+        )
         problems.append(
-            UserError("NVMe offload needs --nvme-path DIR", "pass --nvme-path pointing at a local NVMe directory")
+            UserError(f"{chosen} needs --nvme-path DIR", "pass --nvme-path pointing at a local NVMe directory")
         )
     if spec.nvme_path and not uses_nvme:
         problems.append(
@@ -190,7 +196,19 @@ def check_spec(spec: ZeroSpec) -> None:
         problems.append(UserError(f"--stage must be 0, 1, 2 or 3, got {spec.stage}", "pick a ZeRO stage from 0 to 3"))
     else:
         problems += _offload_problems(spec)
+        if not problems:
+            problems += zeropp_problems(spec, _known_world_size(spec))
     raise_all(problems, "in the config options")
+
+
+def _known_world_size(spec: ZeroSpec) -> int | None:
+    """The world size when the flags give one (a contradiction among them is reported by the batch section)."""
+    if all(v is None for v in (spec.world_size, spec.nodes, spec.gpus_per_node)):
+        return None
+    try:
+        return resolve_world_size(spec.world_size, spec.nodes, spec.gpus_per_node)
+    except UserError:
+        return None
 
 
 def _offload(device: str, spec: ZeroSpec) -> dict[str, Any]:
@@ -227,6 +245,7 @@ def _zero_section(spec: ZeroSpec) -> dict[str, Any]:
         zero["offload_optimizer"] = _offload(spec.offload_optimizer, spec)
     if spec.offload_param != "none":
         zero["offload_param"] = _offload(spec.offload_param, spec)
+    zero.update(zeropp_zero_keys(spec))
     return zero
 
 
@@ -300,6 +319,9 @@ def build_ds_config(spec: ZeroSpec, run: RunAdjustments | None = None) -> dict[s
     config: dict[str, Any] = _batch_section(spec)
     config["gradient_clipping"] = AUTO if spec.hf_auto else spec.gradient_clipping
     config.update(_precision_sections(spec))
+    low_precision = low_precision_sections(spec)
+    config["bf16"].update(low_precision.pop("bf16", {}))
+    config.update(low_precision)
     if not run.client_optimizer:
         config["optimizer"] = with_torch_adam(_optimizer_section(spec)) if run.torch_adam else _optimizer_section(spec)
     config["zero_optimization"] = {**_zero_section(spec), **run.zero_overrides}

@@ -18,6 +18,12 @@ from zero_kit.config.spec import ZeroSpec
 PRESET_HIDDEN_SIZE = 4096
 _SIZED = {"hidden_size": PRESET_HIDDEN_SIZE}
 _CPU_BOTH = {"offload_optimizer": "cpu", "offload_param": "cpu"}
+# ZeRO++ for multi-node runs on 8-GPU nodes: a node-local secondary parameter shard (hpZ, size 8), int8 weight
+# all-gathers (qwZ) and int4 gradient reduction (qgZ); CUDA only. Runs at any multiple of 8 GPUs.
+_ZEROPP = {"hpz_partition_size": 8, "quantized_weights": True, "quantized_gradients": True}
+# DeepSpeed's low-precision model states: bf16 master weights, gradients and Adam moments, autocast for the
+# precision-sensitive ops (about 10 instead of 18 bytes of model state per parameter).
+_BF16_STATES = {"bf16_master_weights": True, "bf16_optimizer_states": True, "torch_autocast": True}
 
 PRESETS: dict[str, ZeroSpec] = {
     "zero0": ZeroSpec(stage=0),
@@ -26,11 +32,15 @@ PRESETS: dict[str, ZeroSpec] = {
     "zero2_offload": ZeroSpec(stage=2, offload_optimizer="cpu", **_SIZED),
     "zero3": ZeroSpec(stage=3, **_SIZED),
     "zero3_offload": ZeroSpec(stage=3, **_CPU_BOTH, **_SIZED),
+    "zero3_zeropp": ZeroSpec(stage=3, **_ZEROPP, **_SIZED),
+    "zero3_bf16_states": ZeroSpec(stage=3, **_BF16_STATES, **_SIZED),
     "hf_zero1": ZeroSpec(stage=1, hf_auto=True),
     "hf_zero2": ZeroSpec(stage=2, hf_auto=True),
     "hf_zero2_offload": ZeroSpec(stage=2, offload_optimizer="cpu", hf_auto=True),
     "hf_zero3": ZeroSpec(stage=3, hf_auto=True),
     "hf_zero3_offload": ZeroSpec(stage=3, **_CPU_BOTH, hf_auto=True),
+    "hf_zero3_zeropp": ZeroSpec(stage=3, **_ZEROPP, hf_auto=True),
+    "hf_zero3_bf16_states": ZeroSpec(stage=3, **_BF16_STATES, hf_auto=True),
 }
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "ds_configs"

@@ -9,6 +9,8 @@ from typing import Literal
 Offload = Literal["none", "cpu", "nvme"]
 """Where ZeRO puts what it offloads: nowhere, host RAM, or an NVMe directory (the one offload vocabulary)."""
 Precision = Literal["bf16", "fp16", "fp32"]
+Device = Literal["cuda", "cpu"]
+"""What a config is meant to run on: CUDA GPUs (NCCL) or CPUs (gloo)."""
 
 
 @dataclass(frozen=True)
@@ -53,3 +55,23 @@ class ZeroSpec(ZeroOptions):
     """Write "auto" for every value the Hugging Face Trainer fills itself (batch sizes, lr, precision, buckets)."""
     lr: float = 2e-5
     """Learning rate of the AdamW optimizer written into the config (not used with --hf-auto)."""
+    device: Device = "cuda"
+    """What the config will run on. cpu refuses CUDA-only features (ZeRO++ qwZ/qgZ): say cpu for a gloo run."""
+    hpz: bool = False
+    """ZeRO++ hpZ (stage 3): a secondary parameter shard inside each node, so forward/backward all-gathers stay on
+    the node. Partition size: --hpz-partition-size, else --gpus-per-node when --nodes > 1."""
+    hpz_partition_size: int | None = None
+    """ZeRO++ hpZ: ranks sharing one secondary parameter shard (zero_hpz_partition_size); implies --hpz. Must
+    divide --gpus-per-node and the world size."""
+    quantized_weights: bool = False
+    """ZeRO++ qwZ (stage 3, CUDA only): all-gather weights as int8 (zero_quantized_weights)."""
+    quantized_gradients: bool = False
+    """ZeRO++ qgZ (stage 3, CUDA only): reduce gradients as int4 all-to-all (zero_quantized_gradients)."""
+    bf16_master_weights: bool = False
+    """Keep ZeRO's master weights and gradients in bf16 (bf16.bf16_master_weights_and_grads; --precision bf16,
+    stage >= 1). Needs --bf16-optimizer-states, or --offload-optimizer (DeepSpeedCPUAdam)."""
+    bf16_optimizer_states: bool = False
+    """Keep Adam's moments in bf16 (bf16.bf16_optimizer_states; needs --bf16-master-weights)."""
+    torch_autocast: bool = False
+    """Run forward/backward under torch.autocast in bf16 (the torch_autocast section; --precision bf16 or fp32):
+    precision-sensitive ops stay fp32."""

@@ -31,6 +31,12 @@ Rules (E: error, W: warning):
   offload below stage 3; E NVMe offload without nvme_path; W stage3_* keys below stage 3; W stage 3 for the
   HF Trainer/accelerate without stage3_gather_16bit_weights_on_model_save (saved weights would be empty);
   W optimizer offload + client optimizer under plain deepspeed (ZeRORuntimeException unless DeepSpeedCPUAdam).
+- ZeRO++ and low-precision states (DeepSpeed's parse accepts these; initialize or the first step fails): E hpZ
+  (zero_hpz_partition_size > 1), qwZ/qgZ (zero_quantized_*) below stage 3 (ignored there); E hpZ size not dividing
+  the world size; W hpZ size above the world size (shrunk to it) or not dividing the ranks per node (shards span
+  nodes); E qwZ/qgZ on a CPU run (--device cpu; CUDA-only quantizer); E torch_autocast with zero_quantized_weights;
+  E bf16_optimizer_states without bf16_master_weights_and_grads, either at stage 0; E bf16 master weights with fp32
+  optimizer states and no optimizer offload (needs DeepSpeedCPUAdam).
 - E optimizer/scheduler type DeepSpeed cannot build; W section without type; max_grad_norm in optimizer params:
   E for hf-trainer/accelerate (DeepSpeed builds that optimizer), W for plain deepspeed (only if the script passes none);
   E warmup_num_steps <= 0; E total_num_steps < warmup_num_steps; E data_types.*_dtype not a DeepSpeed dtype.
@@ -42,7 +48,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zero_kit.lint import ds_parse, rules_batch, rules_zero
+from zero_kit.lint import ds_parse, rules_batch, rules_zero, rules_zeropp
 from zero_kit.lint import rules as lint_rules
 from zero_kit.lint import schema as lint_schema
 from zero_kit.lint.problem import ROOT, LintContext, Problem
@@ -72,6 +78,7 @@ def lint(config: Any, context: LintContext | None = None) -> list[Problem]:
     problems += rules_batch.integration_batch_rules(config, context)
     problems += lint_rules.precision_rules(config)
     problems += rules_zero.zero_rules(config, context.target)
+    problems += rules_zeropp.zeropp_rules(config, context)
     problems += lint_rules.scheduler_rules(config)
     problems += lint_rules.dtype_rules(config)
     problems = _dedupe(problems)

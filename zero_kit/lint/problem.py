@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 Severity = Literal["error", "warning"]
 Target = Literal["deepspeed", "hf-trainer", "accelerate"]
+Device = Literal["cuda", "cpu"]
 ROOT = "<config>"
 """Key path used for problems about the config as a whole."""
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -46,6 +47,10 @@ class LintContext:
     """Where the world size came from, named in messages (a flag or an environment variable)."""
     target: Target = "deepspeed"
     """Who consumes the config: plain deepspeed.initialize, the HF Trainer, or accelerate launch."""
+    device: Device | None = None
+    """What the run uses: cuda or cpu (None: unknown, CUDA-only features such as ZeRO++ qwZ/qgZ are not judged)."""
+    ranks_per_node: int | None = None
+    """Ranks (GPUs) per node (None: unknown; hpZ's node-locality check is skipped)."""
 
 
 def _show(value: Any) -> str:

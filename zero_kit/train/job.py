@@ -51,7 +51,8 @@ def _run_rank(opts: TrainOptions) -> int:
     from zero_kit.train.trainer_config import adopt_file_values, trainer_ds_config
 
     output = Path(opts.output)
-    ds_config = trainer_ds_config(opts, torch_adam=not torch.cuda.is_available())
+    cuda = torch.cuda.is_available()
+    ds_config = trainer_ds_config(opts, torch_adam=not cuda, device="cuda" if cuda else "cpu")
     opts = adopt_file_values(opts, ds_config)
     # TrainingArguments(deepspeed=...) must exist before the model: it registers HfDeepSpeedConfig, so a
     # ZeRO-3 model is built inside deepspeed.zero.Init and no rank ever holds all of it.

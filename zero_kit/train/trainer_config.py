@@ -36,10 +36,12 @@ def adopt_file_values(opts: TrainOptions, config: dict) -> TrainOptions:
     return dataclasses.replace(opts, **{k: v for k, v in concrete.items() if k not in given})
 
 
-def trainer_ds_config(opts: TrainOptions, *, torch_adam: bool = False) -> dict:
+def trainer_ds_config(opts: TrainOptions, *, torch_adam: bool = False, device: str | None = None) -> dict:
     """Generated from `--stage` and friends ("auto" values, filled by the Trainer), or the linted `--ds-config`.
     `opts` has passed `check_options` (once, by the caller). `torch_adam`: the run is on CPU, where an Adam
-    section without optimizer offload should use torch's AdamW (see `RunAdjustments.torch_adam`)."""
+    section without optimizer offload should use torch's AdamW (see `RunAdjustments.torch_adam`). `device`: the
+    run's device ("cuda" or "cpu"; None: unknown), so a file with CUDA-only features (ZeRO++ qwZ/qgZ) is refused
+    on a CPU run before any work."""
     from zero_kit.config.builder import RunAdjustments, build_ds_config, with_torch_adam
 
     if opts.ds_config is None:
@@ -47,7 +49,7 @@ def trainer_ds_config(opts: TrainOptions, *, torch_adam: bool = False) -> dict:
         return build_ds_config(zero_spec(opts), RunAdjustments(torch_adam=wants))
     from zero_kit.lint import LintContext, load_checked
 
-    config = load_checked(opts.ds_config, LintContext(target="hf-trainer"), "--ds-config")
+    config = load_checked(opts.ds_config, LintContext(target="hf-trainer", device=device), "--ds-config")
     offload = config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none")
     if torch_adam and offload in (None, "none") and "optimizer" in config:
         config["optimizer"] = with_torch_adam(config["optimizer"])

@@ -1,0 +1,170 @@
+"""The linter's ZeRO++ and low-precision-state rules, each next to the DeepSpeed code that makes it a rule (reproduced
+here without a process group), plus: the configs that work stay clean, and a CPU `zero-kit train` refuses a
+--ds-config with qwZ/qgZ before any work."""
+
+from __future__ import annotations
+
+import copy
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from zero_kit.errors import UserError
+from zero_kit.lint import LintContext, lint
+
+BASE = {
+    "train_micro_batch_size_per_gpu": 1,
+    "gradient_accumulation_steps": 1,
+    "bf16": {"enabled": True},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+    "zero_optimization": {"stage": 3},
+}
+
+
+def config_with(zero: dict | None = None, **top) -> dict:
+    config = copy.deepcopy(BASE)
+    config["zero_optimization"].update(zero or {})
+    for key, value in top.items():
+        config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+    return config
+
+
+def found(config: dict, **context) -> list[tuple[str, str, str]]:
+    return [(p.severity, p.path, p.message) for p in lint(config, LintContext(**context))]
+
+
+def _parse_with_deepspeed(config: dict, world_size: int, monkeypatch):
+    from deepspeed.runtime import config as ds_config_module
+
+    monkeypatch.setattr(ds_config_module.dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(ds_config_module.dist, "get_world_size", lambda *a, **k: world_size)
+    return ds_config_module.DeepSpeedConfig(json.loads(json.dumps(config)))
+
+
+WORKING = [
+    ({"zero_hpz_partition_size": 2}, {}, {"world_size": 4}),  # measured: runs on 4 CPU ranks, losses = ZeRO-3
+    ({"zero_hpz_partition_size": 8, "zero_quantized_weights": True, "zero_quantized_gradients": True}, {},
+     {"world_size": 16, "ranks_per_node": 8, "device": "cuda"}),
+    ({"zero_hpz_partition_size": 1, "zero_quantized_weights": False}, {}, {"world_size": 4, "device": "cpu"}),
+    ({}, {"bf16": {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
+          "torch_autocast": {"enabled": True, "dtype": "bfloat16"}}, {"world_size": 2, "device": "cpu"}),
+    ({"offload_optimizer": {"device": "cpu"}}, {"bf16": {"bf16_master_weights_and_grads": True}}, {"world_size": 2}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("zero", "top", "context"), WORKING)
+def test_configs_that_work_are_clean(zero, top, context):
+    assert found(config_with(zero, **top), **context) == []
+
+
+def test_deepspeed_parse_accepts_zeropp_below_stage_3_which_is_why_the_linter_speaks(monkeypatch):
+    config = config_with({"stage": 2, "zero_hpz_partition_size": 2, "zero_quantized_gradients": True})
+    _parse_with_deepspeed(config, 4, monkeypatch)  # no complaint from DeepSpeed: both are ignored at stage 2
+    problems = found(config, world_size=4)
+    assert {p[1] for p in problems if p[0] == "error"} == {
+        "zero_optimization.zero_hpz_partition_size",
+        "zero_optimization.zero_quantized_gradients",
+    }
+    assert all("stage 3" in p[2] or "ZeRO-3" in p[2] for p in problems)
+
+
+def test_hpz_size_must_divide_the_world_size_as_deepspeed_asserts():
+    from deepspeed.utils.groups import _ensure_divisibility  # what _create_zero_param_parallel_group calls
+
+    with pytest.raises(AssertionError):
+        _ensure_divisibility(6, 4)
+    [problem] = found(config_with({"zero_hpz_partition_size": 4}), world_size=6)
+    assert problem[:2] == ("error", "zero_optimization.zero_hpz_partition_size") and "world size 6" in problem[2]
+    assert found(config_with({"zero_hpz_partition_size": 4})) == []  # world size unknown: not judged
+
+
+def test_hpz_size_above_the_world_or_across_nodes_is_a_warning():
+    [bigger] = found(config_with({"zero_hpz_partition_size": 8}), world_size=4)
+    assert bigger[0] == "warning" and "shrinks it to 4" in bigger[2]
+    [across] = found(config_with({"zero_hpz_partition_size": 4}), world_size=12, ranks_per_node=6)
+    assert across[0] == "warning" and "span two nodes" in across[2]
+
+
+def test_quantized_features_are_refused_on_cpu_as_deepspeed_fails_there():
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("QuantizerBuilder")
+    if get_accelerator().device_name() == "cpu":  # the kernels qwZ/qgZ load: not built for the CPU accelerator
+        with pytest.raises(ValueError, match="not been implemented on CPU backend"):
+            builder.load()
+    config = config_with({"zero_quantized_weights": True, "zero_quantized_nontrainable_weights": True,
+                          "zero_quantized_gradients": True})  # fmt: skip
+    problems = found(config, world_size=2, device="cpu")
+    assert [p[1].split(".")[-1] for p in problems] == [
+        "zero_quantized_weights",
+        "zero_quantized_nontrainable_weights",
+        "zero_quantized_gradients",
+    ]
+    assert all(p[0] == "error" and "needs CUDA" in p[2] for p in problems)
+    assert found(config, world_size=2) == [] and found(config, world_size=2, device="cuda") == []
+
+
+def test_autocast_with_quantized_weights_is_refused_as_deepspeed_asserts():
+    from deepspeed.runtime.torch_autocast import _validate_auto_cast_settings
+
+    with pytest.raises(AssertionError, match="Cannot enable both torch autocast and zero quantized weights"):
+        _validate_auto_cast_settings(SimpleNamespace(zero_quantized_weights=lambda: True))
+    config = config_with({"zero_quantized_weights": True}, torch_autocast={"enabled": True, "dtype": "bfloat16"})
+    assert [p[:2] for p in found(config, world_size=2)] == [("error", "torch_autocast.enabled")]
+
+
+def _master_weights_check(states: bool, offload: bool) -> bool:
+    """True when DeepSpeed's `_configure_master_weights` demands optimizer offload with DeepSpeedCPUAdam."""
+    from deepspeed.runtime.base_optimizer import ZeROOptimizer
+
+    demanded = []
+    optimizer = SimpleNamespace(optimizer=SimpleNamespace(fp32_optimizer_states=False))
+    ZeROOptimizer._configure_master_weights(optimizer, bf16_master_weights_and_gradients=True,
+                                            bf16_optimizer_states=states, offload_enabled=offload,
+                                            bf16_offload_validator=lambda: demanded.append(True))  # fmt: skip
+    return bool(demanded)
+
+
+def test_bf16_master_weights_need_bf16_states_or_offload_as_deepspeed_asserts():
+    assert _master_weights_check(states=False, offload=False)  # DeepSpeed: "requires ZeRO Offload ..."
+    assert not _master_weights_check(states=True, offload=False)
+    [problem] = found(config_with(bf16={"bf16_master_weights_and_grads": True}), world_size=2)
+    assert problem[:2] == ("error", "bf16.bf16_master_weights_and_grads") and "DeepSpeedCPUAdam" in problem[2]
+
+
+def test_bf16_optimizer_states_alone_is_refused_by_deepspeed_parse_and_named_here(monkeypatch):
+    config = config_with(bf16={"bf16_optimizer_states": True})
+    with pytest.raises(AssertionError, match="requires bf16_master_weights_and_grads"):
+        _parse_with_deepspeed(config, 2, monkeypatch)
+    problems = found(config, world_size=2)
+    assert ("error", "bf16.bf16_optimizer_states") in [p[:2] for p in problems]
+    stage0 = config_with({"stage": 0}, bf16={"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True})
+    assert any("stage 1, 2 or 3" in p[2] for p in found(stage0, world_size=2))
+
+
+def test_cpu_train_refuses_a_ds_config_with_qwz_before_any_work(tmp_path):
+    from zero_kit.train.options import TrainOptions
+    from zero_kit.train.trainer_config import trainer_ds_config
+
+    hf = {**BASE, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
+    hf["zero_optimization"] = {"stage": 3, "zero_quantized_weights": True}
+    path = tmp_path / "qwz.json"
+    path.write_text(json.dumps(hf))
+    opts = TrainOptions(ds_config=str(path))
+    with pytest.raises(UserError, match="zero_quantized_weights .*needs CUDA"):
+        trainer_ds_config(opts, torch_adam=True, device="cpu")
+    assert trainer_ds_config(opts, device="cuda")["zero_optimization"]["zero_quantized_weights"] is True
+
+
+def test_validate_cli_takes_the_device_and_gpus_per_node(tmp_path, capsys):
+    from zero_kit.cli import main
+
+    path = tmp_path / "zpp.json"
+    path.write_text(json.dumps(config_with({"zero_hpz_partition_size": 4, "zero_quantized_gradients": True})))
+    assert main(["validate", str(path), "--world-size", "16", "--gpus-per-node", "8", "--device", "cuda"]) == 0
+    capsys.readouterr()
+    assert main(["validate", str(path), "--world-size", "16", "--device", "cpu"]) == 1
+    assert "needs CUDA" in capsys.readouterr().out
+    assert main(["validate", str(path), "--world-size", "12", "--gpus-per-node", "6"]) == 0
+    assert "span two nodes" in capsys.readouterr().out
