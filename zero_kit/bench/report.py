@@ -26,17 +26,16 @@ def predicted_state(record: dict[str, Any]) -> dict[str, Any] | None:
     """The planner's prediction for this run (all bytes: on CPU device and host memory are the same RAM), per
     rank in `all_ranks_total`: ZeRO-1/2 keep the gradients of the parameters at their partition's edges whole,
     so each rank gets its own exact figure from the model's parameter sizes (accounting.py)."""
-    from zero_kit.plan.accounting import DTYPE_BYTES, model_state_bytes, zero12_edge_grad_bytes
+    from zero_kit.plan.accounting import DTYPE_BYTES, strategy_state_bytes, zero12_edge_grad_bytes
 
     info = STRATEGIES.get(record["strategy"])
-    # A record of a strategy this version no longer has gets the byte tables' own "unknown strategy" error.
-    name = info.accounting if info else record["strategy"]
-    offload, offload_param = (info.offload_optimizer, info.offload_param) if info else (False, False)
+    if info is None:  # a record of a strategy this version no longer has
+        return {"error": f"unknown strategy {record['strategy']!r}; choose from {sorted(STRATEGIES)}"}
+    name, offload = info.accounting, info.offload_optimizer
     world, precision = record["world_size"], record["precision"]
+    per_node = record.get("ranks_per_node") or world
     try:
-        s = model_state_bytes(
-            name, record["model"]["n_params"], world, precision, offload_optimizer=offload, offload_param=offload_param
-        )
+        s = strategy_state_bytes(info, record["model"]["n_params"], world, per_node, precision)
     except ValueError as err:
         return {"error": str(err)}
     parts = {"params": s.params + s.host_params, "grads": s.grads + s.host_grads,
