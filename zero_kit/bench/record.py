@@ -78,6 +78,9 @@ def build_record(
             "layers": cfg.num_hidden_layers,
             "hidden": cfg.hidden_size,
             "heads": cfg.num_attention_heads,
+            "kv_heads": cfg.num_key_value_heads,
+            "intermediate": cfg.intermediate_size,
+            "tie_word_embeddings": bool(cfg.tie_word_embeddings),
             "vocab": cfg.vocab_size,
             "seq_len": opts.seq_len,
             "param_numels": strategy.param_numels,  # the exact ZeRO-1/2 gradient partitions depend on them
