@@ -33,7 +33,7 @@ def test_json_shape(capsys):
     assert code == 0
     doc = json.loads(out)
     assert doc["model"]["n_params"] == 8_030_261_248
-    assert len(doc["options"]) == 9
+    assert len(doc["options"]) == 13
     for option in doc["options"]:
         assert {"strategy", "offload", "fits", "gpu_bytes", "host_bytes"} <= option.keys()
         parts = option["gpu_bytes"]

@@ -26,7 +26,8 @@ def test_plan_options_are_the_planned_registry_entries_in_order():
     planned = [info for info in STRATEGIES.values() if info.planned]
     assert [o.info for o in plan.options] == planned
     assert [o.info.name for o in plan.options] == [
-        "ddp", "fsdp", "zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_offload_param",
+        "ddp", "fsdp", "fsdp_hsdp", "fsdp_reshard_node", "zero0", "zero1", "zero2", "zero3", "zero3_hpz",
+        "zero3_bf16states", "zero2_offload", "zero3_offload", "zero3_offload_param",
     ]  # fmt: skip
     for option in plan.options:
         info = STRATEGIES[option.info.name]
@@ -44,7 +45,8 @@ def test_every_entry_names_a_byte_table_row_and_every_row_is_used():
             info.accounting, 1000, 2, "bf16", offload_optimizer=info.offload_optimizer, offload_param=info.offload_param
         ).all_bytes
         if info.backend == "deepspeed":
-            assert info.accounting == f"zero{info.stage}" and info.launcher == "deepspeed"
+            bf16 = "_bf16" if info.low_precision_states else ""
+            assert info.accounting == f"zero{info.stage}{bf16}" and info.launcher == "deepspeed"
         else:
             assert info.backend == info.accounting and info.launcher == "torchrun" and not info.zero_overrides
 

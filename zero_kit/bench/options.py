@@ -12,8 +12,10 @@ PROGRESS = "[zk-bench]"
 @dataclass(frozen=True)
 class BenchOptions:
     strategies: str = "ddp,fsdp,zero1,zero2,zero3"
-    """Comma-separated strategies: ddp, fsdp, zero0..zero3, zero2_offload, zero3_offload, and the DeepSpeed variants
-    zero1_reduce / zero2_reduce (per-owner reduce) and zero3_release (re-gather in backward)."""
+    """Comma-separated strategies: ddp, fsdp, zero0..zero3, zero2_offload, zero3_offload, the DeepSpeed variants
+    zero1_reduce / zero2_reduce (per-owner reduce) and zero3_release (re-gather in backward), the node-aware
+    zero3_hpz / zero3_hpz_release (ZeRO++ hpZ), fsdp_hsdp (2D mesh) and fsdp_reshard_node, and zero3_bf16states
+    (bf16 master weights, gradients and Adam moments)."""
     nproc: int = 2
     """Ranks (processes) per run; on CPU each is one process using gloo."""
     model: str = "tiny"
@@ -62,4 +64,5 @@ class BenchOptions:
     nodes: int | None = None
     """Nodes of the SLURM allocation (with --slurm)."""
     gpus_per_node: int | None = None
-    """Ranks per node in a multi-node run (default: the hostfile's slots, else --nproc)."""
+    """Ranks per node in a multi-node run (default: the hostfile's slots, else --nproc). On one host, a divisor of
+    --nproc makes the ranks count as --nproc / L nodes (link tiers, hpZ and HSDP groups)."""

@@ -7,8 +7,10 @@
 - slurm: inside a multi-node SLURM allocation (SLURM_JOB_ID, SLURM_JOB_NUM_NODES > 1): one srun task per node,
   each running the launcher for its node (the same line `zero-kit launch --slurm` writes).
 
-Ranks per node: the hostfile's slots, else --gpus-per-node, else --nproc. The results directory must be on a
-filesystem every node shares (rank 0 appends its record there)."""
+Ranks per node: the hostfile's slots, else --gpus-per-node, else --nproc. A local run always starts --nproc
+ranks; with --gpus-per-node L below it, its ranks count as nproc / L nodes of L (link tiers, hpZ's secondary
+partition, HSDP's mesh): two "nodes" on one host, to exercise the hierarchical strategies without a second one.
+The results directory must be on a filesystem every node shares (rank 0 appends its record there)."""
 
 from __future__ import annotations
 
@@ -33,9 +35,13 @@ class Placement:
     hosts: tuple[str, ...]
     """The nodes in rank order (empty for a local run)."""
     ranks_per_node: int
+    launched_per_host: int = 0
+    """Ranks one launcher starts on its host (0: ranks_per_node; a local run with simulated nodes: all of them)."""
 
     @property
     def nodes(self) -> int:
+        if not self.hosts and self.launched_per_host:
+            return self.launched_per_host // self.ranks_per_node
         return max(len(self.hosts), 1)
 
     def describe(self) -> dict:
@@ -64,7 +70,13 @@ def place(opts: BenchOptions, environ: dict[str, str]) -> Placement:
         return Placement("hostfile", tuple(h for h, _ in hosts), opts.gpus_per_node or slots.pop())
     if in_slurm_allocation(environ):
         return Placement("slurm", tuple(slurm_nodes(environ)), opts.gpus_per_node or opts.nproc)
-    return Placement("local", (), opts.gpus_per_node or opts.nproc)
+    per_node = opts.gpus_per_node or opts.nproc
+    if per_node < 1 or opts.nproc % per_node:
+        raise UserError(
+            f"--gpus-per-node {opts.gpus_per_node} does not divide --nproc {opts.nproc}",
+            "on one host give --gpus-per-node a divisor of --nproc (the ranks then count as nproc/L nodes)",
+        )
+    return Placement("local", (), per_node, launched_per_host=opts.nproc)
 
 
 def rank_args(strategy: str, opts: BenchOptions, record: str) -> list[str]:
@@ -80,7 +92,8 @@ def commands(strategy: str, opts: BenchOptions, port: int, record: str, where: P
     args = rank_args(strategy, opts, record)
     if where.mode == "local":
         build = deepspeed_command if launcher == "deepspeed" else torchrun_command
-        return [build("zero_kit.bench", args, nproc=where.ranks_per_node, master_port=port)], {}
+        nproc = where.launched_per_host or where.ranks_per_node
+        return [build("zero_kit.bench", args, nproc=nproc, master_port=port)], {}
     if where.mode == "slurm":
         hostfile = _write_hostfile(run_dir, where)
         env = {"MASTER_ADDR": where.hosts[0], "MASTER_PORT": str(port), "HOSTFILE": str(hostfile)}

@@ -69,8 +69,8 @@ def build_record(
     return {
         "strategy": strategy.name,
         "world_size": world,
-        "nnodes": world // local_world_size(world),
-        "ranks_per_node": local_world_size(world),
+        "nnodes": world // _ranks_per_node(counter, world),
+        "ranks_per_node": _ranks_per_node(counter, world),
         "precision": opts.precision,
         "device": device.split(":")[0],
         "model": {
@@ -78,6 +78,9 @@ def build_record(
             "layers": cfg.num_hidden_layers,
             "hidden": cfg.hidden_size,
             "heads": cfg.num_attention_heads,
+            "kv_heads": cfg.num_key_value_heads,
+            "intermediate": cfg.intermediate_size,
+            "tie_word_embeddings": bool(cfg.tie_word_embeddings),
             "vocab": cfg.vocab_size,
             "seq_len": opts.seq_len,
             "param_numels": strategy.param_numels,  # the exact ZeRO-1/2 gradient partitions depend on them
@@ -97,7 +100,7 @@ def build_record(
             "ring_bytes_sent_all_ranks_by_tier": {
                 tier: sum(r["tiers"][tier] for r in per_rank) for tier in ("intra_node", "inter_node")
             },
-            "ranks_per_node": counter.ranks_per_node or world,
+            "ranks_per_node": _ranks_per_node(counter, world),
         },
         "deepspeed_comms_logger_per_step": result["ds_comms_log"],  # --ds-comms-log: DeepSpeed's own view
         "compiled_graphs": _compiled_graphs() if opts.compile else None,  # proof that torch.compile really ran
@@ -106,6 +109,11 @@ def build_record(
         "options": dataclasses.asdict(opts),
         **_environment(device),
     }
+
+
+def _ranks_per_node(counter: CommCounter, world: int) -> int:
+    """The node of this run: the counter's (--gpus-per-node, else the launcher's ranks per node)."""
+    return min(counter.ranks_per_node or local_world_size(world), world)
 
 
 def torch_device_name(device: str) -> str:

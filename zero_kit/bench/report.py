@@ -26,17 +26,16 @@ def predicted_state(record: dict[str, Any]) -> dict[str, Any] | None:
     """The planner's prediction for this run (all bytes: on CPU device and host memory are the same RAM), per
     rank in `all_ranks_total`: ZeRO-1/2 keep the gradients of the parameters at their partition's edges whole,
     so each rank gets its own exact figure from the model's parameter sizes (accounting.py)."""
-    from zero_kit.plan.accounting import DTYPE_BYTES, model_state_bytes, zero12_edge_grad_bytes
+    from zero_kit.plan.accounting import DTYPE_BYTES, strategy_state_bytes, zero12_edge_grad_bytes
 
     info = STRATEGIES.get(record["strategy"])
-    # A record of a strategy this version no longer has gets the byte tables' own "unknown strategy" error.
-    name = info.accounting if info else record["strategy"]
-    offload, offload_param = (info.offload_optimizer, info.offload_param) if info else (False, False)
+    if info is None:  # a record of a strategy this version no longer has
+        return {"error": f"unknown strategy {record['strategy']!r}; choose from {sorted(STRATEGIES)}"}
+    name, offload = info.accounting, info.offload_optimizer
     world, precision = record["world_size"], record["precision"]
+    per_node = record.get("ranks_per_node") or world
     try:
-        s = model_state_bytes(
-            name, record["model"]["n_params"], world, precision, offload_optimizer=offload, offload_param=offload_param
-        )
+        s = strategy_state_bytes(info, record["model"]["n_params"], world, per_node, precision)
     except ValueError as err:
         return {"error": str(err)}
     parts = {"params": s.params + s.host_params, "grads": s.grads + s.host_grads,
@@ -53,12 +52,43 @@ def predicted_state(record: dict[str, Any]) -> dict[str, Any] | None:
             "paper_total": base, "all_ranks_total": [base + e for e in edges]}  # fmt: skip
 
 
+def predicted_comm(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The planner's ring bytes per step for this run, all ranks, by link tier (zero_kit.plan.traffic, the formulas
+    `zero-kit plan` ranks and times with), and the measured bytes' error against them. None when the record lacks
+    the model's shape (records written before it was recorded)."""
+    from zero_kit.plan.shapes import LlamaShape
+    from zero_kit.plan.traffic import step_tier_bytes
+    from zero_kit.plan.workload import Workload
+
+    info, model = STRATEGIES.get(record["strategy"]), record["model"]
+    if info is None or "intermediate" not in model or record["batch"]["grad_accum"] != 1:
+        return None  # the traffic model counts one micro batch per step
+    shape = LlamaShape(model["hidden"], model["layers"], model["heads"], model["kv_heads"], model["intermediate"],
+                       model["vocab"], model.get("tie_word_embeddings", False))  # fmt: skip
+    work = Workload(shape, model["n_params"], model["seq_len"], record["batch"]["micro"], record["precision"])
+    per_node = record.get("ranks_per_node") or record["world_size"]
+    tiers = step_tier_bytes(info, work, record["world_size"] // per_node, per_node)
+    predicted = {"intra_node": tiers.intra_node, "inter_node": tiers.inter_node}
+    measured = record["comm_bytes_per_step"]["ring_bytes_sent_all_ranks_by_tier"]
+    errors = {tier: (measured[tier] / p - 1 if p else None) for tier, p in predicted.items()}
+    return {"all_ranks_by_tier": predicted, "error_by_tier": errors, "source": "zero_kit.plan.traffic"}
+
+
+def same_arithmetic_as_ddp(record: dict[str, Any]) -> bool:
+    """Whether the strategy computes what DDP computes at the run's precision (bf16 states do not in an fp32 run)."""
+    info = STRATEGIES.get(record["strategy"])
+    return not (info and info.low_precision_states and record["precision"] == "fp32")
+
+
 def annotate(records: list[dict[str, Any]]) -> None:
-    """Add predicted bytes, comm ratio to DDP and loss parity against DDP to every successful record."""
+    """Add predicted bytes (states, comm per tier), comm ratio to DDP and loss parity against DDP to every
+    successful record."""
     ok = [r for r in records if not r.get("failed")]
     ddp = next((r for r in ok if r["strategy"] == "ddp"), None)
     for r in ok:
         r["model_state_bytes_per_rank"]["predicted"] = predicted_state(r)
+        r["comm_bytes_per_step"]["predicted"] = predicted_comm(r)
+        r["same_arithmetic_as_ddp"] = same_arithmetic_as_ddp(r)
         pred = r["model_state_bytes_per_rank"]["predicted"] or {}
         if pred.get("total"):  # the worst rank, measured against its own prediction
             measured = [rank["total"] for rank in r["model_state_bytes_per_rank"]["all_ranks"]]
@@ -96,9 +126,14 @@ def _row(r: dict[str, Any]) -> str:
         f"{_mib(pred.get('total'))} = {pred.get('formula', pred.get('error', '-'))}",
         "-" if err is None else f"{100 * err:+.2f}%", _mib(r["peak_mem_bytes"].get("rss")),
         _mib(r["comm_bytes_per_step"]["ring_bytes_sent_per_rank"]), "-" if ratio is None else f"{ratio:.3f}",
-        _mib(tiers.get("inter_node")), parity_text,
+        _mib(tiers.get("inter_node")) + _predicted_inter(r), parity_text,
     ]  # fmt: skip
     return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _predicted_inter(r: dict[str, Any]) -> str:
+    predicted = r["comm_bytes_per_step"].get("predicted")
+    return f" (planned {_mib(predicted['all_ranks_by_tier']['inter_node'])})" if predicted else ""
 
 
 def markdown_table(records: list[dict[str, Any]]) -> str:
@@ -106,7 +141,7 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
         "| strategy | ranks (nodes x per node) | precision | step time s (median) | tokens/s total (per rank) |"
         " state MiB/rank params / grads / optim | state MiB/rank measured | predicted MiB = formula |"
         " measured vs predicted (worst rank) | peak RSS MiB (max rank) | comm MiB/step/rank (ring) | comm / DDP |"
-        " inter-node MiB/step (all ranks) | loss = DDP within 1e-5 (max diff) |"
+        " inter-node MiB/step (all ranks; planned) | loss = DDP within 1e-5 (max diff) |"
     )
     lines = [header, "|" + "---|" * 14]
     lines += [_row(r) for r in records]
@@ -116,6 +151,11 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
         model = {k: v for k, v in r0["model"].items() if k != "param_numels"}
         lines += ["", f"Model: {model}; batch: {r0['batch']}; steps {r0['steps']} (warm-up {r0['warmup']}"
                   " excluded from timing and bytes)", f"Versions: {r0['versions']}; hardware: {r0['hardware']}"]  # fmt: skip
+        differs = [f"{r['strategy']} ({r.get('max_abs_loss_diff_vs_ddp') or 0:.1e})" for r in ok
+                   if not r.get("same_arithmetic_as_ddp", True)]  # fmt: skip
+        if differs:
+            lines += ["", "Not DDP's arithmetic (bf16 master weights, gradients and Adam moments under bf16 autocast), so",
+                      f"their losses differ from DDP's by design, max difference measured: {', '.join(differs)}."]  # fmt: skip
         lines += ["", "Measured bytes are read from the live tensors (storages counted once); comm bytes are what one",
                   "rank sends under the ring algorithm for each collective the counting wrapper saw (metrics.py);",
                   "inter-node bytes: every rank's ring bytes to a successor on another node, summed (ring in rank",

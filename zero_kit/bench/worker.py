@@ -164,6 +164,7 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
             lr=opts.lr,
             gradient_clipping=opts.gradient_clipping,
             compile=opts.compile,
+            ranks_per_node=counter.ranks_per_node,
         )
         strategy = build_strategy(strategy_name, model, options)
         strategy.n_params, strategy.param_numels = n_params, numels
@@ -187,7 +188,9 @@ def worker_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", default=None, help="JSONL file rank 0 appends its record to")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
     args = parser.parse_args(argv)
-    counter = CommCounter().install()
     opts = BenchOptions(**json.loads(args.options_json))
+    # The node of the link tiers and of the node-aware strategies: --gpus-per-node where given (on one host it
+    # makes simulated nodes, see placement.py), else the launcher's ranks per node.
+    counter = CommCounter(ranks_per_node=opts.gpus_per_node or 0).install()
     run_rank(args.strategy, opts, args.record, counter)
     return 0

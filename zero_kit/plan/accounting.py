@@ -19,6 +19,16 @@ exactly like ZeRO-2. DDP and FSDP2 train in
 fp32 parameters (autocast for bf16/fp16), so their states are 4 + 4 + 8 bytes per parameter, replicated
 (DDP) or sharded (FSDP2). Bucket and gathered-layer buffers are not model states: see `zero_kit.plan.memory`.
 
+Low-precision states (row zero3_bf16: `bf16_master_weights_and_grads` + `bf16_optimizer_states` under
+`torch_autocast` bf16, DeepSpeed's documented pair): bf16 parameters, gradients, master and both Adam moments,
+2 + 2 + 2 + 4 = 10Ψ/N at ZeRO-3 in every run precision (bf16 is switched on by the strategy), measured on 4 CPU
+ranks: params 2Ψ/N, grads 2Ψ/N, optimizer 6Ψ/N.
+
+Node-aware layouts (zero_kit.strategies.StrategyInfo.hierarchy; L ranks per node): HSDP shards every state over
+the L ranks of a node instead of all N (the caller passes world_size = L, `partition_symbol="N_node"`); hpZ adds a
+secondary parameter partition over the node, aΨ/L in the parameters' dtype (`secondary_ranks`), which lives
+from a parameter's first release after use until the optimizer step (measured at the end of backward).
+
 One more thing DeepSpeed really keeps: ZeRO-1/2 hold the gradients of the parameters at the edges of their
 partition whole (`zero12_grad_partition_elements`), so rank r's gradient partition is G_r >= Ψ/N elements. The
 benchmark predicts each rank exactly with it; the planner counts the largest excess as a buffer, which keeps
@@ -29,10 +39,10 @@ most 8.6% of the gradient partition (two whole MLP matrices); for a tiny model o
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # The table's rows. Strategy names map onto them in the registry (zero_kit.strategies: StrategyInfo.accounting).
-ROWS = ("ddp", "fsdp", "zero0", "zero1", "zero2", "zero3")
+ROWS = ("ddp", "fsdp", "zero0", "zero1", "zero2", "zero3", "zero3_bf16")
 PRECISIONS = ("bf16", "fp16", "fp32")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 FP32 = 4
@@ -111,6 +121,9 @@ def coefficients(strategy: str, precision: str) -> Coefficients:
             return Coefficients((low, 0), (0, sharded_grads), (0, master_and_moments))
         case "zero3":
             return Coefficients((0, low), (0, zero3_grads), (0, master_and_moments))
+        case "zero3_bf16":  # bf16 whatever the run's precision: params, grads, master, exp_avg, exp_avg_sq
+            bf16 = DTYPE_BYTES["bf16"]
+            return Coefficients((0, bf16), (0, bf16), (0, 3 * bf16))
     raise AssertionError(strategy)  # _check_row already refused it
 
 
@@ -136,6 +149,8 @@ def model_state_bytes(
     offload_optimizer: bool = False,
     offload_param: bool = False,
     trainable_params: int | None = None,
+    secondary_ranks: int | None = None,
+    partition_symbol: str = "N",
 ) -> StateBytes:
     """Per-rank bytes of parameters, gradients and optimizer state for one strategy.
 
@@ -145,6 +160,8 @@ def model_state_bytes(
     Offloading parameters (ZeRO-3) moves the 16-bit parameter partition too. With `trainable_params`
     (LoRA), the other parameters are frozen: they keep only their weights (16-bit under mixed precision),
     partitioned by ZeRO-3 and FSDP2, and only the trainable ones carry gradients and optimizer state.
+    `secondary_ranks` (hpZ): a second parameter partition over that many ranks; `partition_symbol` names the
+    sharding group in the formulas ("N_node" when the caller shards over one node's ranks, HSDP).
     """
     if world_size < 1 or n_params < 0:
         raise ValueError(f"need world_size >= 1 and n_params >= 0, got {world_size}, {n_params}")
@@ -177,7 +194,7 @@ def model_state_bytes(
         host_pairs[0] = table.params
     gpu_pairs = _gpu_pairs(table, offload_optimizer, offload_param)
     lora = trainable_params is not None
-    return StateBytes(
+    states = StateBytes(
         params=params,
         grads=grads,
         optimizer=optimizer,
@@ -190,6 +207,24 @@ def model_state_bytes(
             _formula([pair], frozen_pair if i == 0 else (0, 0), lora) for i, pair in enumerate(gpu_pairs)
         ),
     )
+    if secondary_ranks:
+        states = _with_secondary(states, n_params, secondary_ranks, precision, strategy)
+    if partition_symbol != "N":
+        rename = lambda text: text.replace("/N", f"/{partition_symbol}")  # noqa: E731
+        states = replace(states, formula=rename(states.formula), host_formula=rename(states.host_formula),
+                         part_formulas=tuple(rename(f) for f in states.part_formulas))  # fmt: skip
+    return states
+
+
+def _with_secondary(states: StateBytes, n_params: int, ranks: int, precision: str, strategy: str) -> StateBytes:
+    """hpZ: the secondary 16-bit (fp32 in an fp32 run) partition of every parameter over `ranks` ranks."""
+    if strategy != "zero3" or states.host_params:
+        raise ValueError(f"a secondary parameter partition (hpZ) needs zero3 without parameter offload, not {strategy}")
+    a = DTYPE_BYTES[precision]
+    extra, term = a * -(-n_params // ranks), f"{a}Ψ/N_node"
+    params_formula = f"{states.part_formulas[0]} + {term}"
+    return replace(states, params=states.params + extra, formula=f"{states.formula} + {term}",
+                   part_formulas=(params_formula, *states.part_formulas[1:]))  # fmt: skip
 
 
 ZERO12_ALIGNMENT = 2  # stage_1_and_2.py nccl_start_alignment_factor: the flat group is padded to a multiple of 2N
@@ -228,7 +263,7 @@ def zero12_edge_grad_bytes(numels: Sequence[int], world_size: int, precision: st
 def _frozen_pair(strategy: str, precision: str) -> tuple[int, int]:
     """Bytes per frozen (LoRA base) parameter: the weight only, in the compute dtype, sharded where params are."""
     weight = DTYPE_BYTES[precision]
-    return (0, weight) if strategy in ("zero3", "fsdp") else (weight, 0)
+    return (0, weight) if strategy in ("zero3", "zero3_bf16", "fsdp") else (weight, 0)
 
 
 def _gpu_pairs(table: Coefficients, offload_optimizer: bool, offload_param: bool) -> list[tuple[int, int]]:
@@ -251,3 +286,23 @@ def _formula(pairs: list[tuple[int, int]], frozen_pair: tuple[int, int], lora: b
         return " + ".join(_terms(replicated, partitioned, "Ψ")) or "0"
     parts = _terms(*frozen_pair, "Ψf") + _terms(replicated, partitioned, "Ψt")
     return " + ".join(parts) or "0"
+
+
+def strategy_state_bytes(
+    info, n_params: int, world_size: int, ranks_per_node: int, precision: str, trainable_params: int | None = None
+) -> StateBytes:
+    """`model_state_bytes` for a registry entry (zero_kit.strategies.StrategyInfo) on N ranks of L per node: its
+    byte-table row, offload, HSDP's node-sized sharding and hpZ's secondary partition. The planner and the
+    benchmark's report both predict through here."""
+    shards = info.state_shards(world_size, ranks_per_node)
+    return model_state_bytes(
+        info.accounting,
+        n_params,
+        shards,
+        precision,
+        offload_optimizer=info.offload_optimizer,
+        offload_param=info.offload_param,
+        trainable_params=trainable_params,
+        secondary_ranks=info.secondary_ranks(world_size, ranks_per_node),
+        partition_symbol="N_node" if shards != world_size else "N",
+    )

@@ -14,9 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zero_kit.config.builder import bucket_sizes
-from zero_kit.plan.accounting import DTYPE_BYTES, model_state_bytes, zero12_edge_grad_bytes
+from zero_kit.plan.accounting import (
+    DTYPE_BYTES,
+    StateBytes,
+    model_state_bytes,
+    strategy_state_bytes,
+    zero12_edge_grad_bytes,
+)
 from zero_kit.plan.assumptions import Assumptions
-from zero_kit.plan.shapes import LlamaShape, lora_trainable_params
+from zero_kit.plan.traffic import TierBytes, step_tier_bytes
+from zero_kit.plan.workload import Workload
 from zero_kit.strategies import STRATEGIES, StrategyInfo
 
 GIB = 2**30
@@ -33,24 +40,6 @@ def offload_of(info: StrategyInfo) -> str:
     if info.offload_param:
         return "optimizer+param"
     return "optimizer" if info.offload_optimizer else "none"
-
-
-@dataclass(frozen=True)
-class Workload:
-    shape: LlamaShape
-    n_params: int
-    seq_len: int = 2048
-    micro_batch: int = 1
-    precision: str = "bf16"
-    lora_r: int | None = None
-    activation_checkpointing: bool = False
-
-    @property
-    def trainable_params(self) -> int | None:
-        if not self.lora_r:
-            return None
-        s = self.shape
-        return lora_trainable_params(s.hidden_size, s.layers, self.lora_r, s.kv_size, s.intermediate_size)
 
 
 @dataclass(frozen=True)
@@ -89,6 +78,9 @@ class Option:
     notes: list[str] = field(default_factory=list)
     timing: Any = None
     """`zero_kit.plan.timing.StepTime` when the plan predicts step times."""
+    traffic: TierBytes = TierBytes()
+    """Ring bytes per step, all ranks, by link tier (zero_kit.plan.traffic): what the slow-link ranking reads."""
+    nodes: int = 1
 
     @property
     def strategy(self) -> str:
@@ -102,7 +94,13 @@ class Option:
     @property
     def label(self) -> str:
         suffix = {"none": "", "optimizer": "+opt-offload", "optimizer+param": "+opt+param-offload"}[self.offload]
-        return self.strategy + suffix
+        node = "" if self.info.hierarchy == "flat" else f"+{self.info.hierarchy.replace('_', '-')}"
+        return self.strategy + node + suffix
+
+    @property
+    def inter_node_bytes_per_node(self) -> float:
+        """Bytes each node sends over its inter-node link per step (0 on one node)."""
+        return self.traffic.inter_node / self.nodes if self.nodes else 0.0
 
     def gpu_bytes(self) -> dict[str, int]:
         parts = {
@@ -155,7 +153,7 @@ def activation_terms(work: Workload) -> Terms:
 
 
 def state_terms(strategy: str, offload: str, work: Workload, world_size: int) -> tuple[Terms, Terms, str]:
-    """GPU and host model-state terms and the GPU total's formula, from the shared byte tables."""
+    """GPU and host model-state terms and the GPU total's formula of a byte-table row, from the shared tables."""
     states = model_state_bytes(
         strategy,
         work.n_params,
@@ -165,11 +163,23 @@ def state_terms(strategy: str, offload: str, work: Workload, world_size: int) ->
         offload_param=offload == "optimizer+param",
         trainable_params=work.trainable_params,
     )
+    return _state_terms(states)
+
+
+def option_state_terms(info: StrategyInfo, work: Workload, hardware: Hardware) -> tuple[Terms, Terms, str]:
+    """`state_terms` of a registry entry on this hardware (HSDP's node-sized shards, hpZ's secondary partition)."""
+    states = strategy_state_bytes(
+        info, work.n_params, hardware.world_size, hardware.gpus_per_node, work.precision, work.trainable_params
+    )
+    return _state_terms(states)
+
+
+def _state_terms(states: StateBytes) -> tuple[Terms, Terms, str]:
     params_formula, grads_formula, optimizer_formula = states.part_formulas
     gpu = {
         "parameters": (states.params, params_formula),
         "gradients": (states.grads, grads_formula),
-        "optimizer (fp32 master + Adam)": (states.optimizer, optimizer_formula),
+        "optimizer (master + Adam)": (states.optimizer, optimizer_formula),
     }
     host = {"offloaded states": (states.host_total, states.host_formula)} if states.host_total else {}
     return gpu, host, states.formula
@@ -225,7 +235,7 @@ def host_terms(strategy: str, offload_host: Terms, work: Workload, hardware: Har
     n = work.n_params
     baseline = hardware.assume.host_baseline_bytes
     terms: Terms = {"baseline per rank": (ranks * baseline, f"{ranks} x {baseline / GIB:g} GiB")}
-    if strategy == "zero3":  # zero.Init partitions while loading: one shard plus each rank's partition
+    if strategy.startswith("zero3"):  # zero.Init partitions while loading: one shard plus each rank's partition
         load = (ranks * (a * n // hardware.world_size) + CHECKPOINT_SHARD_BYTES, f"{ranks} x {a}Ψ/N + 5 GiB shard")
     else:  # every rank materialises the whole 16-bit model before moving it to the GPU
         load = (ranks * a * n, f"{ranks} x {a}Ψ")
@@ -244,6 +254,8 @@ def comm_bytes_per_step(strategy: str, work: Workload) -> int:
     DDP all-reduces fp32 gradients (2 x 4Ψ); ZeRO-0/1/2 move 16-bit gradients and parameters (reduce-scatter +
     all-gather = 2 x 2Ψ); ZeRO-3 gathers parameters twice (forward, backward) and reduce-scatters gradients
     (3 x 2Ψ); FSDP2 as zero_kit runs it reduces in fp32 (2Ψ + 2Ψ + 4Ψ). In fp32 every byte count is 4.
+    The node-aware variants (hpZ, HSDP, reshard to the node) send their base's bytes over smaller groups (HSDP
+    adds a small cross-node all-reduce of shards): what they change is where the bytes go (`Option.traffic`).
     """
     n = work.trainable_params or work.n_params
     gathered = work.n_params  # frozen LoRA weights are still gathered by ZeRO-3 / FSDP2
@@ -255,6 +267,8 @@ def comm_bytes_per_step(strategy: str, work: Workload) -> int:
             return 2 * a * n
         case "zero3":
             return 2 * a * gathered + a * n
+        case "zero3_bf16":
+            return 3 * 2 * n
         case "fsdp":
             return 2 * a * gathered + 4 * n
     raise ValueError(f"unknown strategy {strategy!r}")
@@ -262,10 +276,16 @@ def comm_bytes_per_step(strategy: str, work: Workload) -> int:
 
 def evaluate(info: StrategyInfo, work: Workload, hardware: Hardware) -> Option:
     strategy, offload = info.accounting, offload_of(info)
-    gpu_states, offloaded, formula = state_terms(strategy, offload, work, hardware.world_size)
+    gpu_states, offloaded, formula = option_state_terms(info, work, hardware)
     activations = activation_terms(work)
     assume = hardware.assume
     buffers = buffer_terms(strategy, offload, work, hardware.world_size, assume.cuda_context_bytes)
+    if info.hierarchy == "reshard_node" and hardware.world_size > hardware.gpus_per_node:
+        # every block keeps a node-sized shard from its forward to its backward (torch: the post-forward mesh;
+        # one rank per node: reshard_after_forward=1 is False, the whole block stays gathered)
+        a, blocks = DTYPE_BYTES[work.precision], work.shape.layers * work.shape.block_params
+        kept = a * -(-blocks // hardware.gpus_per_node)
+        buffers["blocks' node shards, forward to backward"] = (kept, f"{a} x L x block / N_node")
     slack_base = _sum(gpu_states) + _sum(activations) + _sum(buffers)
     slack = assume.allocator_slack
     buffers["allocator slack"] = (int(slack_base * slack), f"{slack:.0%} of the rest")
@@ -277,6 +297,8 @@ def evaluate(info: StrategyInfo, work: Workload, hardware: Hardware) -> Option:
         host_terms(strategy, offloaded, work, hardware),
         comm_bytes_per_step(strategy, work),
         formula,
+        traffic=step_tier_bytes(info, work, hardware.nodes, hardware.gpus_per_node),
+        nodes=hardware.nodes,
     )
     option.fits_gpu = option.gpu_bytes()["total"] <= hardware.usable_gpu_mem
     if hardware.host_mem is not None:

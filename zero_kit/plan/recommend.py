@@ -18,13 +18,16 @@ def slow_link(hardware: Hardware) -> bool:
 
 def speed_key(option: Option, hardware: Hardware) -> tuple:
     """Expected fastest first: no offload before offload (PCIe copies and CPU Adam cost more than collectives on a
-    fast fabric), then fewer bytes sent per step, then fewer GPU bytes (room for larger micro batches).
-    On a slow inter-node link the bytes sent come first."""
+    fast fabric), then full-precision states before bf16 ones (their updates round to bf16: taken only when
+    they save offload), then fewer bytes sent per step, then fewer GPU bytes (room for larger micro batches).
+    On a slow inter-node link the bytes each node sends over it come first (zero_kit.plan.traffic: hpZ and HSDP
+    keep their parameter all-gathers inside the node), then the bytes sent per rank."""
     offload = int(option.info.offload_optimizer) + int(option.info.offload_param)
+    low = int(option.info.low_precision_states)
     total = option.gpu_bytes()["total"]
     if slow_link(hardware):
-        return (option.comm_bytes_per_step, offload, total)
-    return (offload, option.comm_bytes_per_step, total)
+        return (option.inter_node_bytes_per_node, offload, low, option.comm_bytes_per_step, total)
+    return (offload, low, option.comm_bytes_per_step, total)
 
 
 def recommend(options: list[Option], hardware: Hardware, rank_by: str = "memory") -> Option | None:
@@ -92,28 +95,49 @@ def explain(best: Option, options: list[Option], work: Workload, hardware: Hardw
         _why(best, _by_label(options)),
     ]
     if slow_link(hardware):
+        reasons.append(_slow_link_reason(best, options, hardware))
+    if best.info.low_precision_states:
         reasons.append(
-            f"The inter-node link ({hardware.inter_node_gbps:g} Gbit/s) is slow, so options sending fewer bytes per"
-            " step rank first, even before avoiding offload."
+            f"{best.label} keeps master weights, gradients and Adam moments in bf16 (10 bytes per parameter instead"
+            " of 18; DeepSpeed's bf16_master_weights_and_grads + bf16_optimizer_states): it avoids offload, but"
+            " its updates round to bf16, so compare its loss curve with an fp32-master run."
         )
     reasons += _host_warnings(options, hardware)
     reasons.append(
-        "Ranking: fits with the margin; then no offload before offload; then fewer bytes sent per step; then fewer"
-        " GPU bytes (room for a larger micro batch)."
+        "Ranking: fits with the margin; then no offload before offload; then fp32 master states before bf16 ones;"
+        " then fewer bytes sent per step; then fewer GPU bytes (room for a larger micro batch)."
     )
     return reasons
 
 
+def _slow_link_reason(best: Option, options: list[Option], hardware: Hardware) -> str:
+    flat = [o for o in options if o.fits and o.info.hierarchy == "flat" and o is not best]
+    versus = min(flat, key=lambda o: o.inter_node_bytes_per_node, default=None)
+    than = f", against {gib(versus.inter_node_bytes_per_node)} for {versus.label}" if versus else ""
+    return (
+        f"The inter-node link ({hardware.inter_node_gbps:g} Gbit/s) is slow, so options sending fewer bytes over it"
+        f" per step rank first, even before avoiding offload: {best.label} sends"
+        f" {gib(best.inter_node_bytes_per_node)} per node per step between nodes{than}."
+    )
+
+
 def _why(best: Option, by: dict[str, Option]) -> str:
     sent = f"sends {gib(best.comm_bytes_per_step)} per step"
-    if best.offload == "none" and best.strategy in ("ddp", "zero0", "zero1", "zero2"):
+    if best.offload == "none" and best.strategy in ("ddp", "zero0", "zero1", "zero2") and "zero3" in by:
         return (
             f"The parameters fit on every GPU unsharded, so no parameter all-gathers are needed: {best.label} "
             f"{sent}, against {gib(by['zero3'].comm_bytes_per_step)} for ZeRO-3 and "
             f"{gib(by['ddp'].comm_bytes_per_step)} for DDP (which all-reduces fp32 gradients)."
         )
+    unsharded = [by[name] for name in ("ddp", "zero0", "zero1", "zero2") if name in by]
+    if best.offload == "none" and any(o.fits for o in unsharded):
+        fitting = min((o for o in unsharded if o.fits), key=lambda o: o.gpu_bytes()["total"])
+        return (
+            f"{fitting.label} would fit with unsharded parameters, but {best.label} sends fewer bytes between nodes"
+            " per step (below), which matters more on a slow link."
+        )
     if best.offload == "none":
-        smallest = min(by[name].gpu_bytes()["total"] for name in ("ddp", "zero0", "zero1", "zero2"))
+        smallest = min(o.gpu_bytes()["total"] for o in unsharded)
         return (
             "DDP and ZeRO-0/1/2 keep a full copy of the parameters on every GPU and do not fit (the smallest of them "
             f"needs {gib(smallest)}), so parameters must be sharded: {best.label} gathers them in forward and "

@@ -31,7 +31,7 @@ def render_text(plan: Plan, label: str) -> str:
         + (f"{_gib(hw.host_mem)} GiB per node" if hw.host_mem else "not given (unchecked)"),
         "",
         f"{'option':<26}{'fits':<6}{'states':>8}{'activ.':>8}{'buffers':>9}{'total':>8}{'host':>8}{'sent':>8}"
-        "  model states formula (per GPU)",
+        f"{'inter':>8}  model states formula (per GPU)",
     ]
     for o in plan.options:
         g = o.gpu_bytes()
@@ -40,10 +40,11 @@ def render_text(plan: Plan, label: str) -> str:
         lines.append(
             f"{mark}{o.label:<25}{fits:<6}{_gib(g['model_states']):>8}{_gib(g['activations']):>8}"
             f"{_gib(g['buffers']):>9}{_gib(g['total']):>8}{_gib(o.host_bytes):>8}{_gib(o.comm_bytes_per_step):>8}"
-            f"  {o.states_formula}"
+            f"{_gib(o.inter_node_bytes_per_node):>8}  {o.states_formula}"
         )
     lines.append(
-        "GiB per GPU; host = RAM per node; sent = bytes each rank sends per step; fits: host = GPU yes, host RAM no"
+        "GiB per GPU; host = RAM per node; sent = bytes each rank sends per step; inter = ring bytes each node sends"
+        " to other nodes per step (zero_kit.plan.traffic); fits: host = GPU yes, host RAM no"
     )
     if plan.rates is not None:
         lines += ["", *time_table(plan)]
@@ -96,6 +97,7 @@ def breakdown(option: Option) -> list[str]:
 
 def option_json(option: Option) -> dict:
     return {
+        "name": option.info.name,
         "strategy": option.strategy,
         "offload": option.offload,
         "label": option.label,
@@ -105,6 +107,11 @@ def option_json(option: Option) -> dict:
         "gpu_bytes": option.gpu_bytes(),
         "host_bytes": option.host_bytes,
         "comm_bytes_per_step": option.comm_bytes_per_step,
+        "ring_bytes_per_step_all_ranks": {
+            "intra_node": option.traffic.intra_node,
+            "inter_node": option.traffic.inter_node,
+        },
+        "inter_node_bytes_per_node_per_step": option.inter_node_bytes_per_node,
         "model_states_formula": option.states_formula,
         "timing": timing_json(option) if option.timing is not None else None,
         "terms": {
@@ -138,6 +145,7 @@ def timing_json(option: Option) -> dict:
                 "inter_node_s": c.inter_s,
                 "latency_s": c.latency_s,
                 "tier": c.tier,
+                "group": c.collective.group,
                 "overlappable": c.collective.overlappable,
             }
             for c in t.comms

@@ -31,7 +31,7 @@ class StrategyInfo:
     stage: int
     """ZeRO stage. For DDP and FSDP2, the stage that shards the same states (0, 3): what `plan -o` writes."""
     accounting: str
-    """Row of the byte tables that predicts its model states: ddp, fsdp or zero0..zero3."""
+    """Row of the byte tables that predicts its model states: ddp, fsdp, zero0..zero3 or zero3_bf16."""
     offload_optimizer: bool = False
     """Optimizer states (fp32 master, Adam moments, fp32 gradients) live in host RAM (CPU Adam steps them)."""
     offload_param: bool = False
@@ -42,10 +42,34 @@ class StrategyInfo:
     """An option of `zero-kit plan`. Variants that change only a communication knob have their base's bytes."""
     benchable: bool = True
     """The benchmark's backend can run it (False: planned only)."""
+    hierarchy: str = "flat"
+    """How its groups follow the nodes. flat: every collective spans all ranks. hpz: DeepSpeed ZeRO++ hpZ
+    (zero_hpz_partition_size = ranks per node): a second 16-bit parameter partition over the ranks of one node,
+    made when a parameter is released after use, so re-gathers until the optimizer step stay inside the node.
+    hsdp: FSDP2 on a 2D mesh (nodes x ranks per node): states sharded inside a node, replicated across nodes,
+    gradients all-reduced across nodes. reshard_node: FSDP2 `reshard_after_forward=<ranks per node>`: after
+    forward each block keeps a node-sized shard, so the backward all-gather stays inside the node."""
+    low_precision_states: bool = False
+    """DeepSpeed keeps master weights, gradients and Adam moments in bf16 (`bf16_master_weights_and_grads`,
+    `bf16_optimizer_states`) and computes under `torch_autocast` bf16, whatever the run's precision."""
+
+    def state_shards(self, world_size: int, ranks_per_node: int) -> int:
+        """Ranks the model states are sharded over: one node's ranks under HSDP, else all of them."""
+        return min(ranks_per_node, world_size) if self.hierarchy == "hsdp" else world_size
+
+    def secondary_ranks(self, world_size: int, ranks_per_node: int) -> int | None:
+        """Ranks of hpZ's secondary parameter partition (None: no secondary partition). DeepSpeed makes none when
+        one node holds every rank (zero_hpz_partition_size >= N is plain ZeRO-3)."""
+        if self.hierarchy != "hpz" or ranks_per_node >= world_size or ranks_per_node < 2:
+            return None
+        return ranks_per_node
 
 
-def _native(name: str, stage: int) -> StrategyInfo:
-    return StrategyInfo(name, backend=name, launcher="torchrun", stage=stage, accounting=name)
+def _native(name: str, stage: int, *, backend: str | None = None, hierarchy: str = "flat") -> StrategyInfo:
+    backend = backend or name
+    return StrategyInfo(
+        name, backend=backend, launcher="torchrun", stage=stage, accounting=backend, hierarchy=hierarchy
+    )
 
 
 def _zero(
@@ -57,13 +81,17 @@ def _zero(
     overrides: dict[str, object] | None = None,
     planned: bool = True,
     benchable: bool = True,
+    hierarchy: str = "flat",
+    low_precision_states: bool = False,
 ) -> StrategyInfo:
     return StrategyInfo(
         name,
         backend="deepspeed",
         launcher="deepspeed",
         stage=stage,
-        accounting=f"zero{stage}",
+        accounting=f"zero{stage}" + ("_bf16" if low_precision_states else ""),
+        hierarchy=hierarchy,
+        low_precision_states=low_precision_states,
         offload_optimizer=offload_optimizer,
         offload_param=offload_param,
         zero_overrides=MappingProxyType(overrides or {}),
@@ -72,13 +100,20 @@ def _zero(
     )
 
 
+_RELEASE = {"stage3_max_reuse_distance": 0, "stage3_max_live_parameters": 0, "stage3_prefetch_bucket_size": 0}
+
 _ENTRIES = (
     _native("ddp", stage=0),
     _native("fsdp", stage=3),
+    # Hierarchical FSDP2 (see StrategyInfo.hierarchy): the node is the ranks per node of the run / the plan.
+    _native("fsdp_hsdp", stage=3, backend="fsdp", hierarchy="hsdp"),
+    _native("fsdp_reshard_node", stage=3, backend="fsdp", hierarchy="reshard_node"),
     _zero("zero0", 0),
     _zero("zero1", 1),
     _zero("zero2", 2),
     _zero("zero3", 3),
+    _zero("zero3_hpz", 3, hierarchy="hpz"),
+    _zero("zero3_bf16states", 3, low_precision_states=True),
     _zero("zero2_offload", 2, offload_optimizer=True),
     _zero("zero3_offload", 3, offload_optimizer=True),
     # The bench's DeepSpeedStrategy has no parameter offload (it reads ZeRO-3's partitions where they are on the
@@ -90,16 +125,11 @@ _ENTRIES = (
     # forward use and re-gathered for backward (the ZeRO paper's 3Ψ traffic).
     _zero("zero1_reduce", 1, planned=False, overrides={"use_multi_rank_bucket_allreduce": False}),
     _zero("zero2_reduce", 2, planned=False, overrides={"use_multi_rank_bucket_allreduce": False}),
-    _zero(
-        "zero3_release",
-        3,
-        planned=False,
-        overrides={
-            "stage3_max_reuse_distance": 0,
-            "stage3_max_live_parameters": 0,
-            "stage3_prefetch_bucket_size": 0,
-        },
-    ),
+    _zero("zero3_release", 3, planned=False, overrides=_RELEASE),
+    # hpZ where it matters on a small model: parameters released after forward are re-gathered in backward from
+    # the node's secondary partition (zero3_hpz on the generator's config re-gathers only what outlives its
+    # live-parameter budget: nothing on the benchmark's tiny models, most of an 8B model).
+    _zero("zero3_hpz_release", 3, planned=False, overrides=_RELEASE, hierarchy="hpz"),
 )
 STRATEGIES: Mapping[str, StrategyInfo] = MappingProxyType({info.name: info for info in _ENTRIES})
 
@@ -130,12 +160,18 @@ def build_strategy(name: str, model, options: StrategyOptions) -> Strategy:
         case "fsdp":
             from zero_kit.strategies.fsdp import FSDPStrategy
 
-            return FSDPStrategy(model, options)
+            return FSDPStrategy(model, options, name=name, hierarchy=info.hierarchy)
         case "deepspeed":
             from zero_kit.strategies.deepspeed import DeepSpeedStrategy
 
             offload = "cpu" if info.offload_optimizer else "none"
             zero = dict(info.zero_overrides)
-            return DeepSpeedStrategy(model, options, stage=info.stage, offload_optimizer=offload, name=name, zero=zero)
+            secondary = info.secondary_ranks(options.world_size, options.ranks_per_node)
+            if secondary:
+                zero["zero_hpz_partition_size"] = secondary
+            return DeepSpeedStrategy(
+                model, options, stage=info.stage, offload_optimizer=offload, name=name, zero=zero,
+                low_precision_states=info.low_precision_states,
+            )  # fmt: skip
         case _:
             raise ValueError(f"unknown backend {info.backend!r} for strategy {name!r}")

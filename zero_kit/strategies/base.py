@@ -21,6 +21,8 @@ class StrategyOptions:
     weight_decay: float = 0.0
     gradient_clipping: float = 1.0
     compile: bool = False
+    ranks_per_node: int = 0
+    """Ranks that count as one node (hpZ's secondary partition, HSDP's mesh); 0: all ranks are one node."""
 
 
 class Strategy:

@@ -7,6 +7,16 @@ fp32 master partitions (`single_partition_of_fp32_groups` at ZeRO-1/2, `fp32_par
 and the Adam state (optimizer). Views into one flat buffer count that buffer once, so what is reported is what
 the rank holds. Working buffers are not model states and are left out, as `zero-kit plan` counts them apart:
 reduce (ipg) buckets and ZeRO-3's persistent parameters (small ones kept gathered on every rank).
+
+hpZ (`zero_hpz_partition_size`): each parameter also gets `ds_secondary_tensor`, its 16-bit partition over the
+node's ranks, made whenever it is released (partition_parameters.py `_partition_param_sec`) and dropped after
+every optimizer step (stage3.py `invalidate_secondary_tensor`). It is counted with the params, read when the
+gradients are complete (just before the step), the only point of the step where it is sure to exist.
+
+Low-precision states (`low_precision_states`): the "bf16" section gets `bf16_master_weights_and_grads` and
+`bf16_optimizer_states` and a `torch_autocast` bf16 section is added, as DeepSpeed documents the pair; bf16 is
+enabled whatever the run's precision, so an fp32 run of it does not do DDP's arithmetic (its loss difference is
+in the bench's report).
 """
 
 from __future__ import annotations
@@ -19,7 +29,12 @@ from zero_kit.strategies.base import StrategyOptions, make_optimizer, optimizer_
 
 
 def ds_config_for(
-    options: StrategyOptions, stage: int, offload_optimizer: str, hidden_size: int, zero: dict[str, Any]
+    options: StrategyOptions,
+    stage: int,
+    offload_optimizer: str,
+    hidden_size: int,
+    zero: dict[str, Any],
+    low_precision_states: bool = False,
 ) -> dict[str, Any]:
     """The generator's config for this run. Changes, and why:
     - without offload the "optimizer" section is dropped and the same torch AdamW as DDP/FSDP2 is passed as a
@@ -42,19 +57,34 @@ def ds_config_for(
         gradient_clipping=options.gradient_clipping,
     )
     run = RunAdjustments(client_optimizer=offload_optimizer == "none", steps_per_print=1_000_000, zero_overrides=zero)
-    return build_ds_config(spec, run)
+    config = build_ds_config(spec, run)
+    if low_precision_states:  # sections the generator has no option for (yet)
+        config["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+        config["fp16"] = {"enabled": False}
+        config["torch_autocast"] = {"enabled": True, "dtype": "torch.bfloat16"}
+    return config
 
 
 class DeepSpeedStrategy(_Base):
     def __init__(
-        self, model, options: StrategyOptions, *, stage: int, offload_optimizer: str, name: str, zero: dict[str, Any]
+        self,
+        model,
+        options: StrategyOptions,
+        *,
+        stage: int,
+        offload_optimizer: str,
+        name: str,
+        zero: dict[str, Any],
+        low_precision_states: bool = False,
     ) -> None:
         import deepspeed
 
         self.options = options
         self.name = name
+        self.secondary_bytes = 0
         # zero: the named variants' zero_optimization keys (the registry's zero_overrides)
-        self.config = ds_config_for(options, stage, offload_optimizer, model.config.hidden_size, zero)
+        hidden = model.config.hidden_size
+        self.config = ds_config_for(options, stage, offload_optimizer, hidden, zero, low_precision_states)
         client = make_optimizer(model.parameters(), options) if offload_optimizer == "none" else None
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=self.config)
         if options.compile:
@@ -95,6 +125,8 @@ class DeepSpeedStrategy(_Base):
         return masters
 
     def grad_bytes(self) -> int:
+        secondary = [getattr(p, "ds_secondary_tensor", None) for p in self.engine.module.parameters()]
+        self.secondary_bytes = storage_bytes(t for t in secondary if t is not None)
         zero = self.engine.optimizer
         tensors = [p.grad for p in self.engine.module.parameters()]
         for grads in getattr(zero, "averaged_gradients", {}).values():
@@ -111,10 +143,11 @@ class DeepSpeedStrategy(_Base):
         # fp32 masters that *are* the module params (ZeRO-0 in fp32, or a ZeRO-3 partition DeepSpeed would step in
         # place) are counted once, as params.
         extra = [t for t in masters + state if t.numel() and t.untyped_storage().data_ptr() not in owned]
-        return storage_bytes(param_tensors), storage_bytes(extra)
+        return storage_bytes(param_tensors) + self.secondary_bytes, storage_bytes(extra)
 
     def notes(self) -> str:
         return (
             "DeepSpeed buffers: module params (ZeRO-3: ds_tensor partitions); grad partitions; fp32 master partitions "
             "+ Adam; buckets and ZeRO-3 persistent params left out (buffers)"
+            + ("; params include hpZ's secondary partitions, read before the last step" if self.secondary_bytes else "")
         )

@@ -1,0 +1,114 @@
+"""The planner's bytes per link tier (zero_kit.plan.traffic) for every planned strategy, hpZ and HSDP included:
+the closed forms against an enumeration of every rank's ring successor with metrics.ring_link_tier (what the
+benchmark's counter does), hand-computed hierarchical cases, the secondary partition's and the bf16 states'
+memory, and the slow-link recommendation by inter-node bytes."""
+
+from __future__ import annotations
+
+import pytest
+
+from zero_kit.metrics import ring_bytes, ring_link_tier
+from zero_kit.plan import KNOWN_SHAPES, Hardware, Workload, make_plan, model_state_bytes
+from zero_kit.plan.accounting import strategy_state_bytes
+from zero_kit.plan.traffic import collectives, group_size, tier_bytes
+from zero_kit.strategies import STRATEGIES
+
+SHAPE = KNOWN_SHAPES["llama-3-8b"]
+WORK = Workload(SHAPE, SHAPE.n_params, precision="bf16")
+
+
+def _group(kind: str, rank: int, nodes: int, per_node: int) -> list[int]:
+    node, place = divmod(rank, per_node)
+    return {
+        "world": list(range(nodes * per_node)),
+        "node": [node * per_node + i for i in range(per_node)],
+        "across": [m * per_node + place for m in range(nodes)],
+    }[kind]
+
+
+@pytest.mark.parametrize("name", [n for n, info in STRATEGIES.items() if info.planned or info.benchable])
+@pytest.mark.parametrize(("nodes", "per_node"), [(1, 4), (2, 2), (2, 8), (4, 1), (3, 4)])
+def test_tier_split_equals_every_ranks_ring_successor(name, nodes, per_node):
+    for c in collectives(STRATEGIES[name], WORK, per_node):
+        split = {"intra_node": 0.0, "inter_node": 0.0}
+        for rank in range(nodes * per_node):
+            group = _group(c.group, rank, nodes, per_node)
+            if len(group) > 1:
+                split[ring_link_tier(group, rank, per_node)] += ring_bytes(c.kind, c.payload, len(group))
+        tiers = tier_bytes(c, nodes, per_node)
+        assert (tiers.intra_node, tiers.inter_node) == pytest.approx((split["intra_node"], split["inter_node"]))
+        assert tiers.per_rank == ring_bytes(c.kind, c.payload, group_size(c.group, nodes, per_node))
+
+
+def _by_what(name: str, per_node: int = 8):
+    return {c.what: c for c in collectives(STRATEGIES[name], WORK, per_node)}
+
+
+def test_hierarchical_groups_by_hand():
+    psi = SHAPE.n_params
+    hpz, zero3 = _by_what("zero3_hpz"), _by_what("zero3")
+    assert hpz["all-gather params (bwd)"].group == "node" and zero3["all-gather params (bwd)"].group == "world"
+    assert hpz["all-gather params (fwd)"].group == hpz["reduce-scatter grads"].group == "world"
+    hsdp = _by_what("fsdp_hsdp")
+    assert {c.group for w, c in hsdp.items() if "all-reduce" not in w} == {"node"}
+    across = hsdp["all-reduce grad shards across nodes"]
+    assert (across.group, across.payload) == ("across", 4 * -(-psi // 8))  # the fp32 gradient shard of one rank
+    reshard = _by_what("fsdp_reshard_node")
+    assert reshard["all-gather params (bwd)"].group == "node" and reshard["all-gather params (fwd)"].group == "world"
+    # one rank per node: DeepSpeed makes no secondary partition (hpZ needs 2+ ranks in a group), all world
+    assert _by_what("zero3_hpz", per_node=1)["all-gather params (bwd)"].group == "world"
+    # bf16 states move 16-bit tensors whatever the run's precision
+    fp32 = Workload(SHAPE, psi, precision="fp32")
+    assert {c.payload for c in collectives(STRATEGIES["zero3_bf16states"], fp32)} >= {2 * psi}
+
+
+def test_inter_node_bytes_per_node_by_hand():
+    # 2 nodes x 8: HSDP sends only its shards' all-reduce between nodes: L x 2(M-1)/M x 4Ψ/L = 4Ψ per node
+    plan = make_plan(WORK, Hardware(80 * 10**9, gpus_per_node=8, nodes=2))
+    by = {o.info.name: o for o in plan.options}
+    psi = SHAPE.n_params
+    assert by["fsdp_hsdp"].inter_node_bytes_per_node == pytest.approx(4 * psi, rel=1e-6)
+    # hpZ: ZeRO-3's forward all-gather and reduce-scatter cross (15/16 x 2Ψ each); its backward re-gather does not
+    assert by["zero3_hpz"].inter_node_bytes_per_node == pytest.approx(2 * 15 / 16 * 2 * psi, rel=1e-6)
+    regathered = by["zero3"].inter_node_bytes_per_node - by["zero3_hpz"].inter_node_bytes_per_node
+    assert regathered == pytest.approx(15 / 16 * 2 * (psi - 5 * 10**8), rel=1e-6)
+    assert by["zero3"].traffic.intra_node + by["zero3"].traffic.inter_node == pytest.approx(
+        16 * by["zero3"].traffic.per_rank
+    )
+
+
+def test_secondary_partition_and_bf16_states_memory():
+    psi, world, per_node = SHAPE.n_params, 16, 8
+    zero3 = model_state_bytes("zero3", psi, world, "bf16")
+    hpz = strategy_state_bytes(STRATEGIES["zero3_hpz"], psi, world, per_node, "bf16")
+    assert hpz.params - zero3.params == 2 * -(-psi // per_node) and hpz.formula == zero3.formula + " + 2Ψ/N_node"
+    hsdp = strategy_state_bytes(STRATEGIES["fsdp_hsdp"], psi, world, per_node, "bf16")
+    assert hsdp.total == 16 * -(-psi // per_node) and hsdp.formula == "16Ψ/N_node"
+    assert strategy_state_bytes(STRATEGIES["zero3_hpz"], psi, 8, 8, "bf16") == model_state_bytes(
+        "zero3", psi, 8, "bf16"
+    )
+    low = strategy_state_bytes(STRATEGIES["zero3_bf16states"], psi, world, per_node, "bf16")
+    assert (low.params, low.grads, low.optimizer) == tuple(k * -(-psi // world) for k in (2, 2, 6))
+    assert zero3.total / low.total == pytest.approx(18 / 10, rel=1e-6)  # the issue's 18 -> 10 bytes per parameter
+
+
+def test_slow_link_recommends_the_fewest_inter_node_bytes():
+    hardware = Hardware(80 * 10**9, gpus_per_node=8, nodes=2, inter_node_gbps=10)
+    slow = make_plan(WORK, hardware)
+    assert slow.recommended.label == "zero3+hpz"
+    assert any("28.0 GiB per node per step between nodes, against" in reason for reason in slow.reasons)
+    fast = make_plan(WORK, Hardware(80 * 10**9, gpus_per_node=8, nodes=2))
+    assert fast.recommended.label == "zero2"  # the fast fabric keeps the old ranking: unsharded, fewest bytes per rank
+
+
+def test_bf16_states_only_when_they_save_offload():
+    big = KNOWN_SHAPES["llama-3-70b"]
+    plan = make_plan(
+        Workload(big, big.n_params, seq_len=1024, activation_checkpointing=True), Hardware(80 * 10**9, 8, nodes=2)
+    )
+    fitting = {o.info.name for o in plan.options if o.fits}
+    if "zero3" in fitting:
+        assert plan.recommended.info.name != "zero3_bf16states"
+    else:
+        assert plan.recommended.info.name == "zero3_bf16states"
+        assert any("updates round to bf16" in reason for reason in plan.reasons)

@@ -1,0 +1,171 @@
+"""The collectives one optimizer step issues per strategy, the group each runs over, and the bytes they send per
+link tier. Pure arithmetic; `zero_kit.plan.timing` turns the bytes into seconds, `zero_kit.plan.memory` ranks by
+them, and the benchmark's dist tests compare its measured per-tier bytes with `tier_bytes` (same formulas).
+
+Ψ parameters (Ψt trainable), N = M x L ranks (M nodes of L), a = bytes of the 16-bit dtype (4 in fp32), one micro
+batch per optimizer step. S = payload bytes of the whole collective, summed over its calls.
+
+Groups (how the ranks of a node are numbered: r // L, as the deepspeed launcher and torchrun do):
+  world: all N ranks, a ring in rank order; node: the L ranks of one node; across: the M ranks with the same
+  place in their node (stride L), HSDP's replicate group.
+
+Per strategy (DeepSpeed 0.19.8, torch 2.13 FSDP2):
+  DDP: all-reduce of the fp32 gradients, S = 4Ψt, world.
+  ZeRO-0: all-reduce of the 16-bit gradients, S = aΨt, world.
+  ZeRO-1/2 (use_multi_rank_bucket_allreduce): all-reduce of the reduce buckets, S = aΨt, then all-gather of the
+    updated partitions, S = aΨt, world. In fp32 1.5x DDP's bytes, as measured.
+  ZeRO-3: all-gather in forward, S = aΨ, world; in backward only what was released: with live-parameter budget
+    and reuse distance B (the generator's 1e9, zero3_release's 0) the last min(Ψ, B, B/2) parameters of forward
+    stay gathered; then reduce-scatter, S = aΨt, world. With bf16 states (row zero3_bf16) a = 2 always.
+  ZeRO-3 hpZ: as ZeRO-3, but a released parameter is re-gathered from its secondary partition over the node
+    (partition_parameters.py `_all_gather_params`: `zero_param_process_group` when `ds_secondary_tensor` exists);
+    the forward all-gather after each step runs over the world (stage3.py drops the secondary partitions after
+    every step). So the backward all-gather is `node`, the rest `world`. (With gradient accumulation the forward
+    passes after the first of a step gather from the node too; the model counts one micro batch.)
+  FSDP2: all-gather in forward (aΨ) and again in backward except the root (embeddings, head, final norm stay
+    unsharded after forward), reduce-scatter of fp32 gradients (4Ψt), all world.
+  FSDP2 HSDP (2D mesh M x L): the same all-gathers and reduce-scatter over the `node`, then an all-reduce of the
+    reduced shard, S = 4Ψt/L, `across`.
+  FSDP2 reshard_after_forward=L: as FSDP2, but the backward all-gather runs over the `node` group (the blocks
+    kept a node-sized shard after forward).
+
+Ring model (metrics.ring_bytes): in a group of G ranks each rank sends B = 2(G-1)/G x S for an all-reduce, (G-1)/G
+x S for an all-gather or reduce-scatter, to its ring successor (metrics.ring_link_tier). A world ring crosses
+nodes M times (when M > 1): of all ranks' bytes, M x B are inter-node and (N - M) x B intra-node. A node ring is
+all intra-node (N x B_L), an across ring all inter-node (N x B_M). Per node over its network: the world ring's
+one link, B; the across rings of its L ranks, L x B_M.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zero_kit.metrics import ring_bytes
+from zero_kit.plan.accounting import DTYPE_BYTES
+from zero_kit.plan.workload import Workload
+from zero_kit.strategies import StrategyInfo
+
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb default
+ALLGATHER_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed allgather_bucket_size default
+ZERO3_LIVE_LIMIT = 1_000_000_000  # the generator's stage3_max_live_parameters and stage3_max_reuse_distance
+GROUPS = ("world", "node", "across")
+
+
+@dataclass(frozen=True)
+class Collective:
+    what: str
+    kind: str
+    """allreduce, allgather or reducescatter (metrics.ring_bytes)."""
+    payload: int
+    """Bytes of the whole collective per step, summed over its calls."""
+    calls: int
+    overlappable: bool
+    group: str = "world"
+    """world, node or across (module doc)."""
+
+
+@dataclass(frozen=True)
+class TierBytes:
+    """Ring bytes per step of one collective (or a step's sum), summed over all ranks, by link tier."""
+
+    intra_node: float = 0.0
+    inter_node: float = 0.0
+    per_rank: float = 0.0
+    """Bytes each rank sends (every rank of the group sends the same)."""
+
+    def __add__(self, other: TierBytes) -> TierBytes:
+        return TierBytes(
+            self.intra_node + other.intra_node, self.inter_node + other.inter_node, self.per_rank + other.per_rank
+        )
+
+
+def _ceil(a: float, b: float) -> int:
+    return max(1, -(-int(a) // int(b)))
+
+
+def group_size(group: str, nodes: int, ranks_per_node: int) -> int:
+    return {"world": nodes * ranks_per_node, "node": ranks_per_node, "across": nodes}[group]
+
+
+def tier_bytes(collective: Collective, nodes: int, ranks_per_node: int) -> TierBytes:
+    """All ranks' ring bytes of `collective` per step, split as metrics.ring_link_tier splits them (module doc)."""
+    world = nodes * ranks_per_node
+    sent = ring_bytes(collective.kind, collective.payload, group_size(collective.group, nodes, ranks_per_node))
+    match collective.group:
+        case "world":
+            crossing = nodes if nodes > 1 else 0  # the last rank of every node sends to the next node
+            return TierBytes((world - crossing) * sent, crossing * sent, sent)
+        case "node":
+            return TierBytes(world * sent, 0.0, sent)
+        case "across":
+            return TierBytes(0.0, world * sent, sent)
+    raise ValueError(f"unknown group {collective.group!r}; choose from {list(GROUPS)}")
+
+
+def step_tier_bytes(info: StrategyInfo, work: Workload, nodes: int, ranks_per_node: int) -> TierBytes:
+    """A step's collectives summed: what `zero-kit bench` records as ring_bytes_sent_all_ranks_by_tier."""
+    if nodes * ranks_per_node <= 1:
+        return TierBytes()
+    total = TierBytes()
+    for collective in collectives(info, work, ranks_per_node):
+        total += tier_bytes(collective, nodes, ranks_per_node)
+    return total
+
+
+def collectives(info: StrategyInfo, work: Workload, ranks_per_node: int = 1) -> list[Collective]:
+    """The collectives one optimizer step issues (module doc), with their payloads, call counts and groups.
+    `ranks_per_node` sizes HSDP's cross-node all-reduce (the shard of one node's rank)."""
+    psi, trainable = work.n_params, work.trainable_params or work.n_params
+    a = 2 if info.low_precision_states else DTYPE_BYTES[work.precision]
+    match info.accounting:
+        case "ddp":
+            calls = _ceil(4 * trainable, DDP_BUCKET_BYTES)
+            return [Collective("all-reduce fp32 grads", "allreduce", 4 * trainable, calls, True)]
+        case "zero0":
+            calls = _ceil(trainable, work.shape.hidden_size**2)
+            return [Collective("all-reduce grads", "allreduce", a * trainable, calls, False)]
+        case "zero1" | "zero2":
+            buckets = _ceil(trainable, work.shape.hidden_size**2)  # zero_kit.config.builder.bucket_sizes
+            gathers = _ceil(trainable, ALLGATHER_BUCKET_ELEMENTS)
+            return [
+                Collective("all-reduce grad buckets", "allreduce", a * trainable, buckets, True),
+                Collective("all-gather updated params", "allgather", a * trainable, gathers, False),
+            ]
+        case "zero3" | "zero3_bf16":
+            return _zero3(info, work, a, psi, trainable, ranks_per_node)
+        case "fsdp":
+            return _fsdp(info, work, a, psi, trainable, ranks_per_node)
+    raise ValueError(f"unknown strategy {info.accounting!r}")
+
+
+def _zero3(info: StrategyInfo, work: Workload, a: int, psi: int, trainable: int, per_node: int) -> list[Collective]:
+    shape = work.shape
+    modules = 7 * shape.layers + 2  # one fetch per linear (norms are persistent) + embeddings + head
+    live = int(info.zero_overrides.get("stage3_max_live_parameters", ZERO3_LIVE_LIMIT))
+    reuse = int(info.zero_overrides.get("stage3_max_reuse_distance", ZERO3_LIVE_LIMIT))
+    regathered = psi - min(psi, live, reuse // 2)
+    out = [Collective("all-gather params (fwd)", "allgather", a * psi, modules, True)]
+    if regathered:
+        group = "node" if info.hierarchy == "hpz" and per_node > 1 else "world"  # hpZ needs 2+ ranks per node
+        calls = _ceil(modules * regathered / psi, 1)
+        out.append(Collective("all-gather params (bwd)", "allgather", a * regathered, calls, True, group))
+    buckets = _ceil(trainable, shape.hidden_size**2)
+    out.append(Collective("reduce-scatter grads", "reducescatter", a * trainable, buckets, True))
+    return out
+
+
+def _fsdp(info: StrategyInfo, work: Workload, a: int, psi: int, trainable: int, per_node: int) -> list[Collective]:
+    shape = work.shape
+    root = max(0, psi - shape.layers * shape.block_params)
+    blocks = shape.layers + 1
+    inside = "node" if info.hierarchy == "hsdp" else "world"
+    backward = "node" if info.hierarchy in ("hsdp", "reshard_node") else "world"
+    out = [
+        Collective("all-gather params (fwd)", "allgather", a * psi, blocks, True, inside),
+        Collective("all-gather params (bwd)", "allgather", a * (psi - root), shape.layers, True, backward),
+        Collective("reduce-scatter fp32 grads", "reducescatter", 4 * trainable, blocks, True, inside),
+    ]
+    if info.hierarchy == "hsdp":
+        shard = 4 * -(-trainable // max(per_node, 1))
+        out.append(Collective("all-reduce grad shards across nodes", "allreduce", shard, blocks, True, "across"))
+    return out

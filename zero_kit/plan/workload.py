@@ -1,0 +1,26 @@
+"""What is trained, per rank and step: the model's shape and size, the sequence, micro batch, precision, LoRA and
+activation checkpointing. Shared by the memory, traffic and timing models of `zero-kit plan`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zero_kit.plan.shapes import LlamaShape, lora_trainable_params
+
+
+@dataclass(frozen=True)
+class Workload:
+    shape: LlamaShape
+    n_params: int
+    seq_len: int = 2048
+    micro_batch: int = 1
+    precision: str = "bf16"
+    lora_r: int | None = None
+    activation_checkpointing: bool = False
+
+    @property
+    def trainable_params(self) -> int | None:
+        if not self.lora_r:
+            return None
+        s = self.shape
+        return lora_trainable_params(s.hidden_size, s.layers, self.lora_r, s.kv_size, s.intermediate_size)
