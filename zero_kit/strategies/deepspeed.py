@@ -44,9 +44,12 @@ def ds_config_for(
     from zero_kit.config.builder import RunAdjustments, build_ds_config
     from zero_kit.config.spec import ZeroSpec
 
+    zero = dict(zero)
+    hpz = zero.pop("zero_hpz_partition_size", None)
     spec = ZeroSpec(
         stage=stage,
-        precision=options.precision,
+        # the generator's bf16 state options are bf16 runs (--precision bf16): bf16 weights under bf16 autocast
+        precision="bf16" if low_precision_states else options.precision,
         micro_batch=options.micro_batch,
         grad_accum=options.grad_accum,
         world_size=options.world_size,
@@ -55,13 +58,13 @@ def ds_config_for(
         lr=options.lr,
         weight_decay=options.weight_decay,
         gradient_clipping=options.gradient_clipping,
+        hpz_partition_size=hpz,
+        bf16_master_weights=low_precision_states,
+        bf16_optimizer_states=low_precision_states,
+        torch_autocast=low_precision_states,
     )
     run = RunAdjustments(client_optimizer=offload_optimizer == "none", steps_per_print=1_000_000, zero_overrides=zero)
     config = build_ds_config(spec, run)
-    if low_precision_states:  # sections the generator has no option for (yet)
-        config["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
-        config["fp16"] = {"enabled": False}
-        config["torch_autocast"] = {"enabled": True, "dtype": "torch.bfloat16"}
     return config
 
 
