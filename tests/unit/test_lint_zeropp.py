@@ -5,6 +5,7 @@ here without a process group), plus: the configs that work stay clean, and a CPU
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 from types import SimpleNamespace
 
@@ -120,9 +121,12 @@ def _master_weights_check(states: bool, offload: bool) -> bool:
 
     demanded = []
     optimizer = SimpleNamespace(optimizer=SimpleNamespace(fp32_optimizer_states=False))
-    ZeROOptimizer._configure_master_weights(optimizer, bf16_master_weights_and_gradients=True,
-                                            bf16_optimizer_states=states, offload_enabled=offload,
-                                            bf16_offload_validator=lambda: demanded.append(True))  # fmt: skip
+    accepted = inspect.signature(ZeROOptimizer._configure_master_weights).parameters
+    kwargs = {"bf16_master_weights_and_gradients": True, "bf16_optimizer_states": states,
+              "offload_enabled": offload,  # 0.19: also checks the bf16-states + offload case
+              "bf16_offload_validator": lambda: demanded.append(True),  # 0.19's name
+              "bf16_fp32_offload_validator": lambda: demanded.append(True)}  # 0.18's name  # fmt: skip
+    ZeROOptimizer._configure_master_weights(optimizer, **{k: v for k, v in kwargs.items() if k in accepted})
     return bool(demanded)
 
 
