@@ -107,7 +107,9 @@ def planned(strategy: str, shape, seq: int, checkpointing: bool, world: int) -> 
     option = evaluate(STRATEGIES[strategy], work, Hardware(80 * 10**9, world, 1))
     total = option.gpu_bytes()["total"]
     unseen = option.buffers["CUDA context + NCCL"][0] + option.buffers["allocator slack"][0]
-    terms = {name: value for part in (option.states, option.activations, option.buffers) for name, (value, _) in part.items()}
+    terms = {
+        name: value for part in (option.states, option.activations, option.buffers) for name, (value, _) in part.items()
+    }
     return {"planner_total": total, "planner_tracked": total - unseen, "planner_terms": terms}
 
 
