@@ -150,8 +150,8 @@ def _peak_phases(work: Workload, strategy: str, autocast: bool) -> dict[str, Ter
     output, its gradient and the input's gradient are fp32 (12 bsV); autocast's copies saved by the layers'
     matmuls (2Ψ; with checkpointing only lm_head's, the layers' are recomputed); FSDP2 has gathered the last block
     (backward prefetch, _fsdp_state.py _pre_backward).
-    one layer, backward: that layer's recomputed activations (checkpointing) and its working set; FSDP2 holds the
-    root's unsharded gradients until root_post_backward (_fsdp_state.py _root_post_backward_final_callback),
+    one layer, backward: that layer's recomputed activations (checkpointing) and its working set; FSDP2 holds
+    lm_head's unsharded gradients until root_post_backward (_fsdp_state.py _root_post_backward_final_callback),
     two gathered blocks (current + prefetched) and one block's 16-bit gradients beside its fp32 reduce-scatter
     input (_fsdp_collectives.py foreach_reduce allocates it in reduce_dtype before freeing the gradients).
     """
@@ -177,7 +177,8 @@ def _peak_phases(work: Workload, strategy: str, autocast: bool) -> dict[str, Ter
         )
     if strategy == "fsdp":
         backward["1 block gathered (prefetch)"] = (s.block_params * a, f"block x {a}")
-        one_layer["root grads unsharded"] = (root * a, f"Vh x {a}" if s.tie_word_embeddings else f"2Vh x {a}")
+        # lm_head's gradient only: an untied embedding's gradient is produced after the last block's backward
+        one_layer["lm_head grads unsharded"] = (s.vocab_size * s.hidden_size * a, f"Vh x {a}")
         one_layer["2 blocks gathered + grads + fp32 reduce-scatter"] = (
             s.block_params * (3 * a + 4),
             f"block x {3 * a + 4}",
