@@ -57,8 +57,9 @@ def _steps(model, optim, tokens, autocast: bool, tracker) -> None:
             tracker.reset_mod_stats()
 
 
-def tracked_peak(strategy: str, shape, seq: int, checkpointing: bool) -> int:
-    """Peak bytes per rank that PyTorch's tracker records for one training run under FakeTensorMode."""
+def tracked_peak(strategy: str, shape, seq: int, checkpointing: bool) -> dict[str, int]:
+    """The tracker's snapshot at its peak for one training run under FakeTensorMode: bytes per category
+    (parameters, gradients, optimizer states, activations, temporaries...) and "Total"."""
     import torch
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -94,7 +95,8 @@ def tracked_peak(strategy: str, shape, seq: int, checkpointing: bool) -> int:
             with tracker:
                 _steps(model, optim, tokens, False, tracker)
         snapshot = tracker.get_tracker_snapshot("peak")
-    return max(values["Total"] for values in snapshot.values())
+    peak = max(snapshot.values(), key=lambda values: values["Total"])
+    return {str(getattr(key, "value", key)): value for key, value in peak.items() if value}
 
 
 def planned(strategy: str, shape, seq: int, checkpointing: bool, world: int) -> dict:
@@ -105,7 +107,10 @@ def planned(strategy: str, shape, seq: int, checkpointing: bool, world: int) -> 
     option = evaluate(STRATEGIES[strategy], work, Hardware(80 * 10**9, world, 1))
     total = option.gpu_bytes()["total"]
     unseen = option.buffers["CUDA context + NCCL"][0] + option.buffers["allocator slack"][0]
-    return {"planner_total": total, "planner_tracked": total - unseen}
+    terms = {
+        name: value for part in (option.states, option.activations, option.buffers) for name, (value, _) in part.items()
+    }
+    return {"planner_total": total, "planner_tracked": total - unseen, "planner_terms": terms}
 
 
 def start_fake_group(world: int) -> None:
@@ -121,7 +126,8 @@ def case(name: str, shape, strategy: str, seq: int, checkpointing: bool, world: 
     row = {"model": name, "strategy": strategy, "seq": seq, "checkpointing": checkpointing, "world": world}
     row |= planned(strategy, shape, seq, checkpointing, world)
     try:
-        row["tracker"] = tracked_peak(strategy, shape, seq, checkpointing)
+        row["tracker_terms"] = tracked_peak(strategy, shape, seq, checkpointing)
+        row["tracker"] = row["tracker_terms"]["Total"]
         row["diff_pct"] = 100 * (row["planner_tracked"] / row["tracker"] - 1)
     except Exception as err:  # a tracker that cannot run here: say exactly what failed
         row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"

@@ -123,32 +123,89 @@ def _sum(terms: Terms) -> int:
     return sum(value for value, _ in terms.values())
 
 
-def activation_terms(work: Workload) -> Terms:
-    """Bytes saved for backward per GPU (b micro batch, s sequence, h hidden, I intermediate, V vocab, L layers).
+def _layer_saved(work: Workload, autocast: bool) -> tuple[int, str]:
+    """Bytes one decoder layer saves for backward, as HF's LlamaDecoderLayer does with SDPA (no s^2 scores).
 
-    Per layer, with SDPA/flash attention (no s^2 scores are stored): two RMSNorms keep an fp32 copy of their
-    input plus the 16-bit normalised output (2 x (4 + a) bsh); q and the o_proj input (2 x a bsh) plus the
-    attention output and its reshaped copy; k, v (2 x a bs h_kv); the shared projection inputs; the SwiGLU
-    MLP keeps gate, silu(gate), up and their product (4 x a bsI). a = 2 bytes in bf16/fp16, 4 in fp32.
-    With checkpointing only each layer's input (a bsh) is kept and one layer is recomputed at a time.
-    The loss upcasts the logits to fp32 and keeps log-softmax and its gradient: bsV x (a + 4 + 4 + 4) (fp32: 12).
-    """
-    s = work.shape
-    a = DTYPE_BYTES[work.precision]
+    16-bit weights (FSDP2, ZeRO) or fp32: each RMSNorm keeps its fp32 input, the normalised and the output
+    tensor (2 x (4 + a) bsh); attention keeps q, its output and the o_proj input (4a bsh) and k, v (2a bs h_kv);
+    SwiGLU keeps gate, silu(gate), up and their product (4a bsI). With autocast over fp32 weights (DDP in
+    bf16/fp16) the residual stream stays fp32: both RMSNorms keep fp32 input and normalised tensors (16 bsh) and
+    autocast casts each projection's input separately (7a bsh). Measured against autograd's saved tensors in
+    tests/unit/test_plan.py and benchmarks/plan_memtracker.py."""
+    s, a = work.shape, DTYPE_BYTES[work.precision]
     bs = work.micro_batch * work.seq_len
-    h, inter, vocab, layers = s.hidden_size, s.intermediate_size, s.vocab_size, s.layers
-    per_layer = bs * (2 * (4 + a) * h + 5 * a * h + 2 * a * s.kv_size + 4 * a * inter)
-    layer_formula = f"bs[2(4+{a})h + {5 * a}h + {2 * a}h_kv + {4 * a}I]"
-    logits_bytes = bs * vocab * (12 if a == 4 else a + 12)
+    mlp, kv = 4 * a * s.intermediate_size, 2 * a * s.kv_size
+    if autocast:
+        return bs * ((16 + 7 * a) * s.hidden_size + kv + mlp), f"bs[{16 + 7 * a}h + {2 * a}h_kv + {4 * a}I]"
+    return bs * ((8 + 6 * a) * s.hidden_size + kv + mlp), f"bs[{8 + 6 * a}h + {2 * a}h_kv + {4 * a}I]"
+
+
+def _peak_phases(work: Workload, strategy: str, autocast: bool) -> dict[str, Terms]:
+    """What is alive on top of the saved activations and the model states in each moment that can be the peak.
+
+    loss, forward: HF's ForCausalLMLoss (transformers/loss/loss_utils.py) upcasts the logits (a bsV) to fp32 (4)
+    and log_softmax keeps its fp32 output (4); autocast still caches every fp32 weight's 16-bit copy (2Ψ): the
+    cache (torch/amp/autocast_mode.py) is cleared only when the outermost autocast region exits.
+    loss, backward: the 16-bit logits are gone (nothing saves them and the caller drops the output), log_softmax's
+    output, its gradient and the input's gradient are fp32 (12 bsV); autocast's copies saved by the layers'
+    matmuls (2Ψ; with checkpointing only lm_head's, the layers' are recomputed); FSDP2 has gathered the last block
+    (backward prefetch, _fsdp_state.py _pre_backward).
+    one layer, backward: that layer's recomputed activations (checkpointing) and its working set; FSDP2 holds
+    lm_head's unsharded gradients until root_post_backward (_fsdp_state.py _root_post_backward_final_callback),
+    two gathered blocks (current + prefetched) and one block's 16-bit gradients beside its fp32 reduce-scatter
+    input (_fsdp_collectives.py foreach_reduce allocates it in reduce_dtype before freeing the gradients).
+    """
+    s, a = work.shape, DTYPE_BYTES[work.precision]
+    bs = work.micro_batch * work.seq_len
+    bsv = bs * s.vocab_size
+    root = s.vocab_size * s.hidden_size * (1 if s.tie_word_embeddings else 2)
+    layer, layer_formula = _layer_saved(work, autocast)
+    forward: Terms = {
+        "logits, fp32 copy, log-softmax": (bsv * (a + 8 if a < 4 else 8), f"bsV x {a + 8 if a < 4 else 8}")
+    }
+    backward: Terms = {"fp32 log-softmax + 2 gradients": (12 * bsv, "bsV x 12")}
+    one_layer: Terms = {"backward working set (one layer)": (layer, layer_formula)}
+    if work.activation_checkpointing:
+        one_layer["one layer recomputed"] = (layer, layer_formula)
+    if autocast:
+        forward["autocast weight cache"] = (2 * work.n_params, "2Ψ")
+        backward["autocast copies saved"] = (
+            (2 * root, "2 x lm_head") if work.activation_checkpointing else (2 * work.n_params, "2Ψ")
+        )
+        one_layer["autocast copies saved"] = (
+            (2 * s.block_params, "2 x block") if work.activation_checkpointing else (2 * work.n_params, "2Ψ")
+        )
+    if strategy == "fsdp":
+        backward["1 block gathered (prefetch)"] = (s.block_params * a, f"block x {a}")
+        # lm_head's gradient only: an untied embedding's gradient is produced after the last block's backward
+        one_layer["lm_head grads unsharded"] = (s.vocab_size * s.hidden_size * a, f"Vh x {a}")
+        one_layer["2 blocks gathered + grads + fp32 reduce-scatter"] = (
+            s.block_params * (3 * a + 4),
+            f"block x {3 * a + 4}",
+        )
+    return {"loss, forward": forward, "loss, backward": backward, "one layer, backward": one_layer}
+
+
+def activation_terms(work: Workload, strategy: str = "") -> Terms:
+    """Bytes saved for backward per GPU plus what the peak moment adds (b micro batch, s sequence, h hidden,
+    I intermediate, V vocab, L layers, Ψ parameters): all layers' saved activations, or with checkpointing each
+    layer's input (a bsh; fp32 under autocast), the final RMSNorm and lm_head input (4 + 2a) bsh, and the largest
+    of the phases in `_peak_phases`. The phases never overlap, so only the largest is charged (the planner used
+    to add the loss's and one layer's working sets together, 5-27% above PyTorch's MemTracker/FSDPMemTracker)."""
+    s, a = work.shape, DTYPE_BYTES[work.precision]
+    autocast = strategy == "ddp" and a == 2 and not work.lora_r  # DDP keeps fp32 weights and runs under autocast
+    bs = work.micro_batch * work.seq_len
     terms: Terms = {}
     if work.activation_checkpointing:
-        terms["checkpointed layer inputs"] = (layers * bs * a * h, f"L x {a}bsh")
-        terms["one layer recomputed"] = (per_layer, layer_formula)
+        residual = 4 if autocast else a
+        terms["checkpointed layer inputs"] = (s.layers * bs * residual * s.hidden_size, f"L x {residual}bsh")
     else:
-        terms["saved activations, all layers"] = (layers * per_layer, f"L x {layer_formula}")
-    # Gradients of activations flowing back through one layer are about as large as what it saved.
-    terms["backward working set (one layer)"] = (per_layer, layer_formula)
-    terms["logits + fp32 loss"] = (logits_bytes, f"bsV x {12 if a == 4 else a + 12}")
+        layer, layer_formula = _layer_saved(work, autocast)
+        terms["saved activations, all layers"] = (s.layers * layer, f"L x {layer_formula}")
+    terms["final norm + lm_head input"] = (bs * (4 + 2 * a) * s.hidden_size, f"{4 + 2 * a}bsh")
+    phases = _peak_phases(work, strategy, autocast)
+    phase = max(phases, key=lambda name: _sum(phases[name]))
+    terms |= {f"{name} (peak: {phase})": term for name, term in phases[phase].items()}
     return terms
 
 
@@ -195,17 +252,15 @@ def buffer_terms(
     reduce_bucket = buckets["reduce_bucket_size"]
     terms: Terms = {"CUDA context + NCCL": (cuda_context, f"{cuda_context / GIB:g} GiB, stated")}
     trainable = work.trainable_params or work.n_params
-    if strategy == "ddp":
-        # zero_kit's DDP uses gradient_as_bucket_view=True, so the all-reduce buckets are the gradients themselves
-        # (the default False would add a second 4Ψ copy). Autocast caches 16-bit copies of the fp32 weights.
-        if a == 2 and not work.lora_r:  # LoRA's frozen base is already 16-bit
-            terms["autocast weight cache"] = (2 * work.n_params, "2Ψ")
-    elif strategy == "fsdp":
+    # DDP adds nothing here: zero_kit's DDP uses gradient_as_bucket_view=True, so the all-reduce buckets are the
+    # gradients themselves (the default False would add a second 4Ψ copy), and autocast's 16-bit weight copies
+    # are charged in the phase where they are alive (activation_terms).
+    if strategy == "fsdp":
         root = s.vocab_size * s.hidden_size * (1 if s.tie_word_embeddings else 2)
-        # The root (embeddings, lm_head) stays unsharded from forward to backward; blocks are gathered one
-        # at a time with the next one prefetched; unsharded grads of one block wait for reduce-scatter.
-        terms["root params + grads unsharded"] = (root * 2 * a, f"Vh x {2 * a}")
-        terms["2 blocks gathered + 1 block grads"] = (3 * s.block_params * a, f"3 x block x {a}")
+        # The root (embeddings, lm_head) is not resharded after forward (_fsdp_state.py: the root's
+        # post_forward_mesh_info is None), so it stays gathered from forward to backward; gathered blocks and
+        # unsharded gradients belong to one moment of the step and are charged there (activation_terms).
+        terms["root params unsharded"] = (root * a, f"Vh x {a}" if s.tie_word_embeddings else f"2Vh x {a}")
     elif strategy in ("zero0", "zero1", "zero2"):
         grad_bytes = 4 if strategy == "zero1" else a  # ZeRO-1 stages its bucket in fp32
         terms["reduce buckets (x2, overlap_comm)"] = (2 * reduce_bucket * grad_bytes, f"2 x h² x {grad_bytes}")
@@ -218,7 +273,7 @@ def buffer_terms(
             # partition buffer (param_buffer_of_bit16_for_cpu_offload_groups in DeepSpeed 0.19.8).
             terms["offload staging (2 x largest param)"] = (2 * s.largest_layer_params * a, f"2 x largest layer x {a}")
             terms["16-bit partition for updated params"] = (a * -(-trainable // world_size), f"{a}Ψ/N")
-    else:
+    elif strategy != "ddp":
         terms["largest layer gathered + grad"] = (s.largest_layer_params * 2 * a, f"largest layer x {2 * a}")
         terms["one block gathered"] = (s.block_params * a, f"block x {a}")
         terms["prefetch bucket"] = (buckets["stage3_prefetch_bucket_size"] * a, f"0.9h² x {a}")
@@ -277,7 +332,7 @@ def comm_bytes_per_step(strategy: str, work: Workload) -> int:
 def evaluate(info: StrategyInfo, work: Workload, hardware: Hardware) -> Option:
     strategy, offload = info.accounting, offload_of(info)
     gpu_states, offloaded, formula = option_state_terms(info, work, hardware)
-    activations = activation_terms(work)
+    activations = activation_terms(work, strategy)
     assume = hardware.assume
     buffers = buffer_terms(strategy, offload, work, hardware.world_size, assume.cuda_context_bytes)
     if info.hierarchy == "reshard_node" and hardware.world_size > hardware.gpus_per_node:
