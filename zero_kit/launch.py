@@ -107,7 +107,7 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[tuple[str, int]]
 class SlurmJob:
     nodes: int
     gpus_per_node: int
-    launcher: Literal["deepspeed", "torchrun"]
+    launcher: Literal["deepspeed", "torchrun", "srun"]
     module: str
     args: tuple[str, ...]
     job_name: str = "zero-kit"
@@ -126,7 +126,7 @@ def _sbatch_head(job: SlurmJob) -> list[str]:
         "#!/bin/bash",
         f"#SBATCH --job-name={job.job_name}",
         f"#SBATCH --nodes={job.nodes}",
-        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --ntasks-per-node={job.gpus_per_node if job.launcher == 'srun' else 1}",
         f"#SBATCH --gpus-per-node={job.gpus_per_node}",
         f"#SBATCH --time={job.time}",
         *([f"#SBATCH --partition={job.partition}"] if job.partition else []),
@@ -146,8 +146,11 @@ def bench_sbatch_script(job: SlurmJob, bench_args: list[str]) -> str:
 
 
 def sbatch_script(job: SlurmJob) -> str:
-    """SLURM batch script: one srun task per node; each runs the deepspeed launcher (`--no_ssh`, node rank
-    from SLURM_NODEID) or torchrun (static rendezvous on the first node)."""
+    """SLURM batch script. `srun`: srun starts every rank itself (one task per GPU; the ranks read SLURM's
+    variables, as `zero-kit train` does). `deepspeed`/`torchrun`: one srun task per node, each running the
+    deepspeed launcher (`--no_ssh`, node rank from SLURM_NODEID) or torchrun (static rendezvous on the first node).
+    Every srun ends the whole step when one task fails (--kill-on-bad-exit): on a lost node the survivors' error
+    ends the job after Slurm's KillWait instead of when Slurm declares the node down (SlurmdTimeout)."""
     args = " ".join(shlex.quote(a) for a in job.args)
     head = [
         *_sbatch_head(job),
@@ -155,6 +158,13 @@ def sbatch_script(job: SlurmJob) -> str:
         f"MASTER_PORT={job.master_port}",
         "export MASTER_ADDR MASTER_PORT",
     ]
+    if job.launcher == "srun":
+        # No launcher between Slurm and the ranks: a SIGTERM (preemption, time limit) reaches only the ranks,
+        # which save and exit 75, and srun exits with the ranks' own code (75, 76), which the job ends with. A
+        # per-node launcher would die of the same SIGTERM (143), report 1 and SIGKILL a save after 30 s.
+        body = ["# srun starts every rank (RANK, WORLD_SIZE, LOCAL_RANK from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID)."]
+        body.append(f"srun --kill-on-bad-exit=1 python -u -m {job.module} {args}".rstrip())
+        return "\n".join(head + body) + "\n"
     # Each srun task expands $SLURM_NODEID itself (single quotes); the user's arguments follow as "$@".
     if job.launcher == "deepspeed":
         body = [
@@ -165,7 +175,7 @@ def sbatch_script(job: SlurmJob) -> str:
     else:
         body = ["# torchrun with a static rendezvous: every node dials MASTER_ADDR:MASTER_PORT."]
     line = node_launcher_line(job.launcher, job.module, job.nodes, job.gpus_per_node)
-    body.append(f"srun --ntasks-per-node=1 bash -c {shlex.quote(line)} node {args}")
+    body.append(f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c {shlex.quote(line)} node {args}")
     return "\n".join(head + body) + "\n"
 
 
