@@ -159,11 +159,13 @@ def sbatch_script(job: SlurmJob) -> str:
         "export MASTER_ADDR MASTER_PORT",
     ]
     if job.launcher == "srun":
-        # No launcher between Slurm and the ranks: a SIGTERM (preemption, time limit) reaches only the ranks,
-        # which save and exit 75, and srun exits with the ranks' own code (75, 76), which the job ends with. A
-        # per-node launcher would die of the same SIGTERM (143), report 1 and SIGKILL a save after 30 s.
-        body = ["# srun starts every rank (RANK, WORLD_SIZE, LOCAL_RANK from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID)."]
-        body.append(f"srun --kill-on-bad-exit=1 python -u -m {job.module} {args}".rstrip())
+        # No launcher between Slurm and the ranks: a SIGTERM to the steps (scancel --signal=TERM, sbatch
+        # --signal=TERM@N) reaches only the ranks, which save and exit 75, and srun exits with the ranks' own code
+        # (75, 76), the job's. A per-node launcher dies of the same SIGTERM (143) and SIGKILLs a save after 30 s.
+        body = [
+            "# srun starts every rank (RANK, WORLD_SIZE, LOCAL_RANK from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID).",
+            f"srun --kill-on-bad-exit=1 python -u -m {job.module} {args}".rstrip(),
+        ]
         return "\n".join(head + body) + "\n"
     # Each srun task expands $SLURM_NODEID itself (single quotes); the user's arguments follow as "$@".
     if job.launcher == "deepspeed":
