@@ -149,8 +149,9 @@ def sbatch_script(job: SlurmJob) -> str:
     """SLURM batch script. `srun`: srun starts every rank itself (one task per GPU; the ranks read SLURM's
     variables, as `zero-kit train` does). `deepspeed`/`torchrun`: one srun task per node, each running the
     deepspeed launcher (`--no_ssh`, node rank from SLURM_NODEID) or torchrun (static rendezvous on the first node).
-    Every srun ends the whole step when one task fails (--kill-on-bad-exit): on a lost node the survivors' error
-    ends the job after Slurm's KillWait instead of when Slurm declares the node down (SlurmdTimeout)."""
+    No --kill-on-bad-exit: it SIGTERMs the other ranks (which a rank takes for preemption) and the job then reports
+    143 instead of the failed rank's code; the others fail on their own (their peer is gone), or the stall watchdog
+    ends them. A lost node ends the job only when Slurm declares it DOWN (SlurmdTimeout), with or without it."""
     args = " ".join(shlex.quote(a) for a in job.args)
     head = [
         *_sbatch_head(job),
@@ -164,7 +165,7 @@ def sbatch_script(job: SlurmJob) -> str:
         # (75, 76), the job's. A per-node launcher dies of the same SIGTERM (143) and SIGKILLs a save after 30 s.
         body = [
             "# srun starts every rank (RANK, WORLD_SIZE, LOCAL_RANK from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID).",
-            f"srun --kill-on-bad-exit=1 python -u -m {job.module} {args}".rstrip(),
+            f"srun python -u -m {job.module} {args}".rstrip(),
         ]
         return "\n".join(head + body) + "\n"
     # Each srun task expands $SLURM_NODEID itself (single quotes); the user's arguments follow as "$@".
@@ -177,7 +178,7 @@ def sbatch_script(job: SlurmJob) -> str:
     else:
         body = ["# torchrun with a static rendezvous: every node dials MASTER_ADDR:MASTER_PORT."]
     line = node_launcher_line(job.launcher, job.module, job.nodes, job.gpus_per_node)
-    body.append(f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c {shlex.quote(line)} node {args}")
+    body.append(f"srun --ntasks-per-node=1 bash -c {shlex.quote(line)} node {args}")
     return "\n".join(head + body) + "\n"
 
 
