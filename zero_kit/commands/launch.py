@@ -15,12 +15,12 @@ from zero_kit.errors import UserError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--hostfile", metavar="FILE", help="existing hostfile: check it, print per-node commands")
-    mode.add_argument("--slurm", action="store_true", help="write a SLURM sbatch script (one srun task per node)")
+    mode.add_argument("--slurm", action="store_true", help="write a SLURM sbatch script (srun starts the ranks)")
     mode.add_argument("--write-hostfile", metavar="FILE", help="write a hostfile for --hosts (HOST slots=N lines)")
     parser.add_argument("--launcher", choices=("deepspeed", "torchrun", "srun"), default=None,
                         help="deepspeed (ZeRO, --no_ssh per node), torchrun (DDP/FSDP2, static rendezvous) or srun"
-                        " (--slurm: srun starts every rank; the default for -- train, whose SIGTERM save then ends"
-                        " the job with 75); default deepspeed")  # fmt: skip
+                        " (--slurm only: srun starts every rank, so a preempted run's 75 is the job's exit code);"
+                        " default: srun for --slurm -- train, else deepspeed")  # fmt: skip
     parser.add_argument("--nodes", type=int, default=2, help="number of nodes (SLURM)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (hostfile slots)")
     parser.add_argument("--hosts", default="", help="comma-separated host names for --write-hostfile")
