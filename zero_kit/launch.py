@@ -107,7 +107,7 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[tuple[str, int]]
 class SlurmJob:
     nodes: int
     gpus_per_node: int
-    launcher: Literal["deepspeed", "torchrun"]
+    launcher: Literal["deepspeed", "torchrun", "srun"]
     module: str
     args: tuple[str, ...]
     job_name: str = "zero-kit"
@@ -126,7 +126,7 @@ def _sbatch_head(job: SlurmJob) -> list[str]:
         "#!/bin/bash",
         f"#SBATCH --job-name={job.job_name}",
         f"#SBATCH --nodes={job.nodes}",
-        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --ntasks-per-node={job.gpus_per_node if job.launcher == 'srun' else 1}",
         f"#SBATCH --gpus-per-node={job.gpus_per_node}",
         f"#SBATCH --time={job.time}",
         *([f"#SBATCH --partition={job.partition}"] if job.partition else []),
@@ -146,8 +146,12 @@ def bench_sbatch_script(job: SlurmJob, bench_args: list[str]) -> str:
 
 
 def sbatch_script(job: SlurmJob) -> str:
-    """SLURM batch script: one srun task per node; each runs the deepspeed launcher (`--no_ssh`, node rank
-    from SLURM_NODEID) or torchrun (static rendezvous on the first node)."""
+    """SLURM batch script. `srun`: srun starts every rank itself (one task per GPU; the ranks read SLURM's
+    variables, as `zero-kit train` does). `deepspeed`/`torchrun`: one srun task per node, each running the
+    deepspeed launcher (`--no_ssh`, node rank from SLURM_NODEID) or torchrun (static rendezvous on the first node).
+    No --kill-on-bad-exit: it SIGTERMs the other ranks (which a rank takes for preemption) and the job then reports
+    143 instead of the failed rank's code; the others fail on their own (their peer is gone), or the stall watchdog
+    ends them. A lost node ends the job only when Slurm declares it DOWN (SlurmdTimeout), with or without it."""
     args = " ".join(shlex.quote(a) for a in job.args)
     head = [
         *_sbatch_head(job),
@@ -155,6 +159,15 @@ def sbatch_script(job: SlurmJob) -> str:
         f"MASTER_PORT={job.master_port}",
         "export MASTER_ADDR MASTER_PORT",
     ]
+    if job.launcher == "srun":
+        # No launcher between Slurm and the ranks: a SIGTERM to the steps (scancel --signal=TERM, sbatch
+        # --signal=TERM@N) reaches only the ranks, which save and exit 75, and srun exits with the ranks' own code
+        # (75, 76), the job's. A per-node launcher dies of the same SIGTERM (143) and SIGKILLs a save after 30 s.
+        body = [
+            "# srun starts every rank (RANK, WORLD_SIZE, LOCAL_RANK from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID).",
+            f"srun python -u -m {job.module} {args}".rstrip(),
+        ]
+        return "\n".join(head + body) + "\n"
     # Each srun task expands $SLURM_NODEID itself (single quotes); the user's arguments follow as "$@".
     if job.launcher == "deepspeed":
         body = [

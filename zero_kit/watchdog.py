@@ -185,6 +185,16 @@ def write_marker(directory: Path, report: str) -> bool:
     return True
 
 
+def _add_to_marker(directory: Path, rank: int, pid: int) -> None:
+    """Name a stopped rank in the report. Whichever guardian notices a stall first writes the report, and only the
+    stopped rank's own host can see its state; its guardian adds it before the kill that lets its launcher end, so
+    the report read after the job's end (`zero-kit train --hostfile`) always names it."""
+    line = f"rank {rank} on {socket.gethostname()} (pid {pid}) was stopped (SIGSTOP?): SIGKILLed by its guardian"
+    print(f"zero-kit: stall watchdog: {line}", file=sys.stderr, flush=True)
+    with open(directory / MARKER, "a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+
+
 def _stopped(pid: int) -> bool:
     try:
         import psutil
@@ -217,7 +227,10 @@ def guard(directory: Path, rank: int, world_size: int, stall_timeout: float, pid
                 print(f"zero-kit: stall watchdog (rank {rank}'s guardian): {report}", file=sys.stderr, flush=True)
         if read_marker(directory, since) is not None:
             # A running rank's own watcher exits with EXIT_STALLED; a stopped one never will: no grace for it.
-            deadline = time.monotonic() + (0 if _stopped(pid) else KILL_GRACE_S)
+            stopped = _stopped(pid)
+            if stopped:
+                _add_to_marker(directory, rank, pid)
+            deadline = time.monotonic() + (0 if stopped else KILL_GRACE_S)
             while _alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.2)
             if _alive(pid):

@@ -113,6 +113,9 @@ SchedulerType=sched/builtin
 ReturnToService=2
 # sbatch --wait polls every 2 s only while MinJobAge/2 <= 2; the default (300) backs off to 32 s
 MinJobAge=5
+# A lost node ends its job only when slurmctld declares it DOWN (srun --kill-on-bad-exit cannot finish a step on a
+# node that does not answer): SlurmdTimeout after its last answer. 300 s by default; 10 s here (tests wait for it).
+SlurmdTimeout=10
 GresTypes=gpu
 NodeName={name0} NodeAddr={addr0} CPUs=2 Gres=gpu:2 State=UNKNOWN
 NodeName={name1} NodeAddr={addr1} CPUs=2 Gres=gpu:2 State=UNKNOWN

@@ -88,6 +88,23 @@ def after_first_checkpoint(out: Path, job: Job | None = None) -> int:
     return logged_steps(out)[-1]
 
 
+def between_saves(out: Path, job: Job | None = None) -> int:
+    """Wait until checkpoint-2 is complete and every rank's last heartbeat is `train` at the same step past it (each
+    rank finished that step and is not saving), and return that step. A fault now meets the plain --stall-timeout; in
+    a save (rank 1 can still be in checkpoint-2's last barrier when rank 0 writes the pointer) it would meet the
+    save's 6x allowance."""
+    from zero_kit.watchdog import HEARTBEAT_DIR, read_beats
+
+    def step() -> int | None:
+        beats = read_beats(out / HEARTBEAT_DIR, 2, since=0).values()
+        if pointer(out) is None or any(b is None or b["phase"] != "train" for b in beats):
+            return None
+        steps = {b["step"] for b in beats}
+        return steps.pop() if len(steps) == 1 and min(steps) > 2 else None
+
+    return wait_for(step, "both ranks between two saves after checkpoint-2", job, poll=0.01)
+
+
 def resumed_from(text: str) -> int | None:
     marker = "zero-kit train: resuming from "
     lines = [line for line in text.splitlines() if marker in line]

@@ -2,45 +2,62 @@
 (fault_helpers.JOB: 8 steps, a checkpoint every 2, --stall-timeout 20):
 
 - pdsh (`zero-kit train --hostfile H`): a whole node lost (every process of host 1 SIGKILLed, sshd included),
-  (a rank frozen with SIGSTOP on one host: tests/dist/test_stall_watchdog.py; across hosts: open, see README).
+  the link cut (`ip link set ... down` on host 1), a rank frozen with SIGSTOP on host 1;
+- SLURM (`zero-kit launch --slurm -- train`: srun starts every rank; sbatch --wait): a whole node lost (slurmd
+  included), and preemption (`scancel --signal=TERM`: a complete checkpoint, exit 75).
 
-The link cut and the SLURM faults (node lost: srun waits for the lost node until SlurmdTimeout; preemption:
-sbatch --wait reports 143, not 75) are not here yet: see README "When things go wrong".
-
-Each asserts the time from fault to job exit against a stated bound and, where the run is resumed (the same
-command again: `--resume auto` is the default), final fp32 weights bitwise equal to an uninterrupted two-node run
-on the same kind of rig. Prefixes zkfp/zkfq (pdsh, 10.78.61-62.x) and zkfs/zkft (SLURM, 10.78.63-64.x); ports
-29900-29919.
+Each asserts the time from fault to job exit against a stated bound, that no process of the job is left on either
+host and, where the run is resumed (the same command again: `--resume auto` is the default), final fp32 weights
+bitwise equal to an uninterrupted two-node run on the same kind of rig. Prefixes zkfp/zkfq (pdsh, 10.78.61-62.x)
+and zkfs/zkft (SLURM, 10.78.63-64.x); ports 29900-29919.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from fault_helpers import (
     JOB,
+    STALL_S,
+    VENV,
     ZERO_KIT,
+    Job,
     after_first_checkpoint,
     assert_bitwise_equal,
+    between_saves,
     checkpoint_step,
     job_pids,
     kill_host,
     kill_leftovers,
     logged_steps,
+    pointer,
+    rank_pid,
     resumed_from,
     start,
+    wait_for,
 )
 
-from benchmarks.rigs import ssh_hosts, write_hostfile
+from benchmarks.rigs import set_link, slurm_cluster, ssh_hosts, write_hostfile
 from benchmarks.rigs.base import build_cpu_ops
+from benchmarks.rigs.slurm import job_id as slurm_job_id
+from zero_kit.train.options import EXIT_PREEMPTED
+from zero_kit.watchdog import EXIT_STALLED, KILL_GRACE_S, POLL_S
 
 pytestmark = [pytest.mark.multinode, pytest.mark.skipif(os.geteuid() != 0, reason="the rigs need root")]
 RUN_TIMEOUT_S = 420
 # A node lost: the survivors' gloo connections are reset at once, their launcher ends them; measured 5-10 s.
 NODE_LOSS_BOUND_S = 30
+# Under SLURM the step ends only when slurmctld declares the lost node DOWN: SlurmdTimeout (10 s on the rig, 300 s
+# by default: benchmarks/rigs/slurm.py) after its last answer to a ping, plus the job's end and sbatch's poll.
+SLURM_NODE_LOSS_BOUND_S = 60
+# Stall detection polls every POLL_S; a stopped rank's guardian kills it at once, a running one gets KILL_GRACE_S;
+# then the launchers and pdsh unwind (on a cut link the ssh keepalive, 3 x 5 s, ends host 1's session first).
+STALL_BOUND_S = STALL_S + 2 * POLL_S + KILL_GRACE_S + 20
 
 
 @pytest.fixture(scope="module")
@@ -72,16 +89,19 @@ def _resume_pdsh(rig, tmp: Path, out: Path, port: int, reference: Path, expect_f
 
 
 def _ended(job, fault_at: float, bound: float, names: list[str]) -> tuple[int, float]:
-    """Wait for the job's exit (at most bound + 60 s), then check that no job process is left on either host."""
+    """Wait for the job's exit (at most bound + 60 s), then for every job process on both hosts to be gone by
+    `bound` after the fault (a host cut off from the launcher ends its own ranks: its watchdog, its sshd)."""
     try:
         code = job.wait(bound + 60)
     except Exception:
         kill_leftovers(names)
         raise AssertionError(f"the job did not end within {bound + 60:.0f} s\n{job.text()[-4000:]}") from None
     took = time.monotonic() - fault_at
+    while job_pids(names) and time.monotonic() < fault_at + bound:
+        time.sleep(0.2)
     left = job_pids(names)
     kill_leftovers(names)
-    assert not left, f"processes left after the job ended: {left}"
+    assert not left, f"processes left {time.monotonic() - fault_at:.0f} s after the fault: {left}"
     return code, took
 
 
@@ -100,3 +120,127 @@ def test_pdsh_node_lost_ends_the_job_and_resume_is_bitwise(tmp_path, pdsh_refere
         complete, last_step = checkpoint_step(out), logged_steps(out)[-1]
         _resume_pdsh(rig, tmp_path, out, 29902, pdsh_reference, expect_from=complete)
     print(f"steps lost: {last_step - complete}")
+
+
+def test_pdsh_link_cut_ends_the_job_at_the_stall_timeout_and_resume_is_bitwise(tmp_path, pdsh_reference):
+    out = tmp_path / "run"
+    with ssh_hosts("zkfp", subnet=61) as rig:
+        job = start(_pdsh_argv(rig, tmp_path, out, 29903), tmp_path / "run.log", tmp_path)
+        between_saves(out, job)
+        set_link(rig.hosts, 1, up=False)
+        cut_at = time.monotonic()
+        last_step = logged_steps(out)[-1]
+        code, took = _ended(job, cut_at, STALL_BOUND_S, list(rig.hosts.names))
+        print(f"\nlink cut after step {last_step}: exit {code} in {took:.1f} s (stall timeout {STALL_S} s)")
+        assert code == EXIT_STALLED and took <= STALL_BOUND_S, (code, took, job.text()[-3000:])
+        assert "the stall watchdog ended the job" in job.text()
+        set_link(rig.hosts, 1, up=True)
+        complete, last_step = checkpoint_step(out), logged_steps(out)[-1]
+        _resume_pdsh(rig, tmp_path, out, 29904, pdsh_reference, expect_from=complete)
+    print(f"steps lost: {last_step - complete}")
+
+
+def test_pdsh_frozen_rank_ends_the_job_at_the_stall_timeout(tmp_path):
+    out = tmp_path / "run"
+    with ssh_hosts("zkfp", subnet=61) as rig:
+        job = start(_pdsh_argv(rig, tmp_path, out, 29905), tmp_path / "run.log", tmp_path)
+        between_saves(out, job)
+        os.kill(rank_pid(rig.hosts.names[1]), signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        code, took = _ended(job, frozen_at, STALL_BOUND_S, list(rig.hosts.names))
+        print(f"\nrank on host 1 frozen: exit {code} in {took:.1f} s (stall timeout {STALL_S} s)")
+        assert code == EXIT_STALLED and took <= STALL_BOUND_S, (code, took, job.text()[-3000:])
+        # The outer `zero-kit train` prints the report after pdsh returned; host 1's guardian names its stopped
+        # rank in it before the kill, whichever host's guardian wrote the report first.
+        report = job.text().partition("zero-kit train: the stall watchdog ended the job: ")[2]
+        assert f"on {rig.hosts.names[1]}" in report and "was stopped (SIGSTOP?)" in report, job.text()[-3000:]
+
+
+# --- SLURM: the sbatch script of `zero-kit launch --slurm -- train` (deepspeed --no_ssh per node) ---
+
+
+def _sbatch_script(tmp: Path, out: Path, port: int) -> Path:
+    script = tmp / "train.sbatch"
+    argv = [ZERO_KIT, "launch", "--slurm", "--nodes", "2", "--gpus-per-node", "1", "--master-port", str(port),
+            "--venv", str(VENV), "--time", "00:10:00", "-o", str(script), "--", "train", "--output", str(out), *JOB]  # fmt: skip
+    done = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return script
+
+
+def _sbatch(cluster, script: Path, tmp: Path, name: str, *options: str) -> Job:
+    """`sbatch --wait SCRIPT` in the background on node 0; the job's own output goes to TMP/NAME.out."""
+    argv = cluster.command(["sbatch", "--wait", f"--output={tmp / name}.out", *options, str(script)])
+    return start(argv, tmp / f"{name}.sbatch.log", tmp)
+
+
+def _job_id(job: Job) -> int:
+    return wait_for(lambda: slurm_job_id(job.text()), "sbatch's job id", job, timeout=60)
+
+
+def _slurm_output(tmp: Path, name: str) -> str:
+    path = tmp / f"{name}.out"
+    return path.read_text(errors="replace") if path.is_file() else ""
+
+
+@pytest.fixture(scope="module")
+def slurm_reference(tmp_path_factory, cpu_ops) -> Path:
+    tmp = tmp_path_factory.mktemp("zkf_slurm_ref")
+    with slurm_cluster("zkft", subnet=64) as cluster:
+        job = _sbatch(cluster, _sbatch_script(tmp, tmp / "run", 29910), tmp, "ref")
+        assert job.wait(RUN_TIMEOUT_S) == 0, job.text()[-2000:] + _slurm_output(tmp, "ref")[-4000:]
+    print(f"\nslurm reference: {time.monotonic() - job.started:.0f} s")
+    return tmp / "run"
+
+
+def _resume_slurm(cluster, script: Path, tmp: Path, out: Path, reference: Path, expect_from: int) -> None:
+    job = _sbatch(cluster, script, tmp, "resume")
+    assert job.wait(RUN_TIMEOUT_S) == 0, job.text()[-2000:] + _slurm_output(tmp, "resume")[-4000:]
+    assert resumed_from(_slurm_output(tmp, "resume")) == expect_from, _slurm_output(tmp, "resume")[-3000:]
+    assert_bitwise_equal(out, reference)
+
+
+def test_slurm_node_lost_ends_the_job_and_resume_is_bitwise(tmp_path, slurm_reference):
+    out = tmp_path / "run"
+    script = _sbatch_script(tmp_path, out, 29911)
+    with slurm_cluster("zkfs", subnet=63) as cluster:
+        # --no-requeue: Slurm would requeue the job after the node failure (JobRequeue=1, the default) and
+        # `sbatch --wait` would wait for the requeued run; here the job ends and is resubmitted.
+        job = _sbatch(cluster, script, tmp_path, "run", "--no-requeue")
+        after_first_checkpoint(out, job)
+        lost_at = time.monotonic()
+        killed = kill_host(cluster.hosts.names[1])
+        try:
+            code = job.wait(SLURM_NODE_LOSS_BOUND_S + 60)
+        finally:
+            took = time.monotonic() - lost_at
+        last_step = logged_steps(out)[-1]
+        print(f"\nslurm node lost ({killed} processes) after step {last_step}: sbatch exit {code} in {took:.1f} s")
+        assert code != 0 and took <= SLURM_NODE_LOSS_BOUND_S, (code, took, _slurm_output(tmp_path, "run")[-3000:])
+        assert not job_pids([cluster.hosts.names[0]]), job_pids([cluster.hosts.names[0]])
+        cluster.restart_slurmd(1)  # the node is back (rebooted)
+        complete = checkpoint_step(out)
+        _resume_slurm(cluster, script, tmp_path, out, slurm_reference, expect_from=complete)
+    print(f"steps lost: {last_step - complete}")
+
+
+def test_slurm_preemption_saves_exits_75_and_resume_is_bitwise(tmp_path, slurm_reference):
+    out = tmp_path / "run"
+    script = _sbatch_script(tmp_path, out, 29912)
+    with slurm_cluster("zkfs", subnet=63) as cluster:
+        job = _sbatch(cluster, script, tmp_path, "run")
+        job_id = _job_id(job)
+        after_first_checkpoint(out, job)
+        done = cluster.run(["scancel", "--signal=TERM", str(job_id)], timeout=30)
+        assert done.returncode == 0, done.stderr
+        term_at = time.monotonic()
+        code = job.wait(RUN_TIMEOUT_S)
+        took = time.monotonic() - term_at
+        text = _slurm_output(tmp_path, "run")
+        stopped_at = logged_steps(out)[-1]
+        print(f"\nscancel --signal=TERM after step 2+: sbatch exit {code} in {took:.1f} s, stopped at {stopped_at}")
+        print(text[-3000:])
+        assert "SIGTERM received" in text, text[-3000:]
+        assert checkpoint_step(out) == stopped_at, (pointer(out), stopped_at)
+        assert code == EXIT_PREEMPTED, (code, text[-3000:])
+        _resume_slurm(cluster, script, tmp_path, out, slurm_reference, expect_from=stopped_at)

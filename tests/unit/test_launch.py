@@ -57,6 +57,8 @@ def test_sbatch_script_is_valid_bash_with_one_srun_task_per_node(launcher, tmp_p
     assert "#SBATCH --nodes=4" in script and "#SBATCH --ntasks-per-node=1" in script
     srun = next(line for line in script.splitlines() if line.startswith("srun"))
     words = shlex.split(srun)
+    # no --kill-on-bad-exit: it would SIGTERM the other ranks (preemption to them) and hide the failed rank's code
+    assert not any(word.startswith(("--kill-on-bad-exit", "-K")) for word in words)
     inner = shlex.split(words[words.index("-c") + 1])
     # The user's arguments survive quoting: they follow the inner command as "$@".
     assert words[-4:] == ["--strategy", "zero3", "--options-json", '{"steps": 5}']
@@ -64,6 +66,28 @@ def test_sbatch_script_is_valid_bash_with_one_srun_task_per_node(launcher, tmp_p
         assert inner[0] == "deepspeed" and "--no_ssh" in inner and "$SLURM_NODEID" in inner
     else:
         assert inner[:3] == ["python", "-m", "torch.distributed.run"] and inner[inner.index("--nnodes") + 1] == "4"
+
+
+def test_sbatch_script_with_srun_starts_every_rank_itself(tmp_path):
+    """No launcher between Slurm and the ranks: their exit code (75 preempted) is the job's."""
+    job = SlurmJob(nodes=2, gpus_per_node=4, launcher="srun", module="zero_kit.cli", args=("train", "--output", "o p"))
+    script = sbatch_script(job)
+    (tmp_path / "job.sbatch").write_text(script)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")], capture_output=True).returncode == 0
+    assert "#SBATCH --ntasks-per-node=4" in script and "deepspeed" not in script
+    srun = shlex.split(next(line for line in script.splitlines() if line.startswith("srun")))
+    assert srun == ["srun", "python", "-u", "-m", "zero_kit.cli", "train", "--output", "o p"]
+
+
+def test_cli_defaults_to_srun_for_train_and_deepspeed_otherwise(tmp_path):
+    script = tmp_path / "s.sbatch"
+    assert main(["launch", "--slurm", "-o", str(script), "--", "train", "--stage", "3"]) == 0
+    assert "srun python -u -m zero_kit.cli train" in script.read_text()
+    assert main(["launch", "--slurm", "-o", str(script), "--", "--strategy", "zero3"]) == 0
+    assert "deepspeed --hostfile" in script.read_text()
+    assert main(["launch", "--slurm", "--launcher", "deepspeed", "-o", str(script), "--", "train"]) == 0
+    assert "--no_ssh" in script.read_text()
+    assert main(["launch", "--hostfile", str(script), "--launcher", "srun", "--", "train"]) == 2
 
 
 def test_cli_writes_hostfile_and_sbatch_and_prints_per_node_commands(tmp_path, capsys):

@@ -66,6 +66,27 @@ def test_guardian_kills_a_frozen_rank_and_reports_it(tmp_path):
             frozen.kill()
 
 
+def test_a_stopped_rank_is_named_when_another_hosts_guardian_wrote_the_report(tmp_path):
+    """The first guardian to notice writes the report; from another host it cannot see the frozen process, so the
+    frozen rank's own guardian adds it before killing (across hosts each wins about half the time)."""
+    frozen = subprocess.Popen(["sleep", "120"])
+    try:
+        os.kill(frozen.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while psutil.Process(frozen.pid).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.05)
+        since = time.time() - 10
+        assert write_marker(tmp_path, "no rank made progress (written on the other host)")
+        assert guard(tmp_path, 1, 2, 2.0, frozen.pid, since) == EXIT_STALLED
+        assert frozen.wait(timeout=10) == -signal.SIGKILL
+        report = read_marker(tmp_path, since)
+        assert report.startswith("no rank made progress") and f"rank 1 on {os.uname().nodename}" in report, report
+        assert f"(pid {frozen.pid}) was stopped" in report, report
+    finally:
+        if frozen.poll() is None:
+            frozen.kill()
+
+
 def test_a_rank_blocked_in_its_main_thread_leaves_with_exit_stalled(tmp_path):
     """The watcher thread ends the process while the main thread waits (as in a collective)."""
     script = textwrap.dedent(f"""

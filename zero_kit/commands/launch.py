@@ -15,10 +15,12 @@ from zero_kit.errors import UserError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--hostfile", metavar="FILE", help="existing hostfile: check it, print per-node commands")
-    mode.add_argument("--slurm", action="store_true", help="write a SLURM sbatch script (one srun task per node)")
+    mode.add_argument("--slurm", action="store_true", help="write a SLURM sbatch script (srun starts the ranks)")
     mode.add_argument("--write-hostfile", metavar="FILE", help="write a hostfile for --hosts (HOST slots=N lines)")
-    parser.add_argument("--launcher", choices=("deepspeed", "torchrun"), default="deepspeed",
-                        help="deepspeed (ZeRO, --no_ssh per node) or torchrun (DDP/FSDP2, static rendezvous)")  # fmt: skip
+    parser.add_argument("--launcher", choices=("deepspeed", "torchrun", "srun"), default=None,
+                        help="deepspeed (ZeRO, --no_ssh per node), torchrun (DDP/FSDP2, static rendezvous) or srun"
+                        " (--slurm only: srun starts every rank, so a preempted run's 75 is the job's exit code);"
+                        " default: srun for --slurm -- train, else deepspeed")  # fmt: skip
     parser.add_argument("--nodes", type=int, default=2, help="number of nodes (SLURM)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (hostfile slots)")
     parser.add_argument("--hosts", default="", help="comma-separated host names for --write-hostfile")
@@ -53,6 +55,16 @@ def _module(args: argparse.Namespace) -> str:
     return "zero_kit.cli" if _module_args(args)[:1] and _module_args(args)[0] in RANK_COMMANDS else "zero_kit.bench"
 
 
+def _launcher(args: argparse.Namespace) -> str:
+    """srun for a zero-kit rank command under --slurm (it reads SLURM's variables, and only with srun do a
+    preempted run's exit code 75 and its save's grace come through), else the deepspeed launcher."""
+    if args.launcher == "srun" and not args.slurm:
+        raise UserError("--launcher srun needs --slurm", "use --launcher deepspeed or torchrun with --hostfile")
+    if args.launcher:
+        return args.launcher
+    return "srun" if args.slurm and _module(args) == "zero_kit.cli" else "deepspeed"
+
+
 def _emit(text: str, output: str | None) -> None:
     if output:
         Path(output).write_text(text, encoding="utf-8")
@@ -72,7 +84,7 @@ def _per_node_commands(args: argparse.Namespace) -> str:
     master = args.master_addr or hosts[0][0]
     lines = []
     for rank, (host, slots) in enumerate(hosts):
-        if args.launcher == "deepspeed":
+        if _launcher(args) == "deepspeed":
             cmd = deepspeed_command(_module(args), _module_args(args), nproc=slots, master_port=args.master_port,
                                     hostfile=args.hostfile, node_rank=rank, master_addr=master, launcher="deepspeed")  # fmt: skip
         else:
@@ -91,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--write-hostfile needs --hosts", "pass --hosts node1,node2")
         _emit(hostfile_text(hosts, args.gpus_per_node), args.write_hostfile)
     elif args.slurm:
-        job = SlurmJob(nodes=args.nodes, gpus_per_node=args.gpus_per_node, launcher=args.launcher, module=_module(args),
+        job = SlurmJob(nodes=args.nodes, gpus_per_node=args.gpus_per_node, launcher=_launcher(args), module=_module(args),
                        args=tuple(_module_args(args)), job_name=args.job_name, time=args.time,
                        partition=args.partition, master_port=args.master_port, venv=args.venv)  # fmt: skip
         _emit(sbatch_script(job), args.output)

@@ -113,6 +113,10 @@ class HeartbeatCallback(TrainerCallback):
     def __init__(self, heartbeat) -> None:
         self.heartbeat = heartbeat
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        # the engine is built and a resumed checkpoint loaded: the first step (and its op loads) gets its own allowance
+        self.heartbeat.beat("startup", state.global_step)
+
     def on_step_end(self, args, state, control, **kwargs):
         saving = control.should_save or control.should_training_stop
         self.heartbeat.beat("save" if saving else "train", state.global_step)

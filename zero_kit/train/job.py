@@ -71,11 +71,18 @@ def _run_rank(opts: TrainOptions) -> int:
 
 
 def _train(opts: TrainOptions, ds_config: dict, args, output: Path, heartbeat) -> int:
+    # Start-up beats at each milestone: each part (imports and rendezvous, a universal conversion, the model, the
+    # data, DeepSpeed's engine and op loads) gets the long-phase allowance, not all of them together.
+    starting = (lambda: heartbeat.beat("startup", 0)) if heartbeat is not None else (lambda: None)
     _init_deepspeed_comm(args)
+    starting()
     resume_from = _resolve_resume(opts, output, args)
     universal.prepare_resume(resume_from, args)  # written at another world size: convert, load_universal
+    starting()
     tokenizer, model, held = _build_model(opts)
+    starting()
     dataset, collator, stats = _build_data(opts, tokenizer)
+    starting()
     run_info = _run_info(opts, ds_config, args, held, stats)
     if args.process_index == 0:
         output.mkdir(parents=True, exist_ok=True)

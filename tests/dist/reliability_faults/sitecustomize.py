@@ -48,7 +48,8 @@ if _POINT and _CKPT and _MARKER:
 # ZERO_KIT_FAULT_EXIT_RANK=r and ZERO_KIT_FAULT_EXIT_CODE=c (ZERO_KIT_* reach pdsh ranks too): rank r leaves
 # with exit code c once its training is done, before the ranks' final barrier (a rank failing on one node: its peers then lose their connection and fail too).
 _EXIT_RANK = os.environ.get("ZERO_KIT_FAULT_EXIT_RANK", "")
-if _EXIT_RANK and os.environ.get("RANK") == _EXIT_RANK:
+# srun-started ranks (zero-kit launch --slurm -- train) have only SLURM_PROCID until zero-kit translates it.
+if _EXIT_RANK and os.environ.get("RANK", os.environ.get("SLURM_PROCID")) == _EXIT_RANK:
     import sys
 
     import zero_kit.train.job as _job
