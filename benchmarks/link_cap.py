@@ -1,11 +1,18 @@
 """Multi-node comparison with the inter-node link capped: every strategy runs across two network-namespace hosts
-(one rank each, gloo over real TCP through a veth pair), first at full speed, then with each host's egress
-capped by a token bucket (tc tbf) to emulate commodity Ethernet. Reports how each strategy's step time degrades
-next to the bytes it sends. Needs root and iproute2. Run from the repository root:
+with two ranks each (gloo over real TCP: loopback inside a host, a veth pair between them), first uncapped, then
+with each host's egress capped by a token bucket (tc tbf) at every --rates entry. Records the ring bytes per link
+tier (counted and planned), the step time and the slowdown from the cap, and sets the planner's predicted step
+time (zero_kit.plan.timing) beside it, with the link rates probed on the rig and the compute rate calibrated from a
+one-host DDP run on the same 4 ranks. Needs root and iproute2. Run from the repository root:
 
-    python benchmarks/link_cap.py --rate 200mbit --out benchmarks/results/link_cap
+    python benchmarks/link_cap.py --rates none,1gbit,200mbit --out benchmarks/results/link_cap
+    python benchmarks/link_cap.py --one-host-overheads --out benchmarks/results/link_cap
 
-Namespaces zkb20 / zkb21 (10.78.2.1 / .2), ports 29740-29759; removed on exit, also on failure.
+The second runs every strategy of the first on one host with the same 4 ranks and adds the planner plus the step
+time it misses there (the per-strategy overhead term, no byte on the veth) beside the planner alone.
+
+Root namespace ports 29956-29958+; namespaces zkhb0 / zkhb1 (10.78.70.1 / .2) with ports 29960-29999; removed on
+exit, also on failure.
 """
 
 from __future__ import annotations
@@ -13,73 +20,161 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.rigs.two_host_bench import _print, run_two_hosts, two_hosts  # noqa: E402
-from zero_kit.bench import BenchOptions  # noqa: E402
+from benchmarks.link_cap_report import predict_rows, write_report  # noqa: E402
+from benchmarks.rigs.base import private_extensions_dir  # noqa: E402
+from benchmarks.rigs.netns import TwoHosts, set_rate, two_hosts  # noqa: E402
+from benchmarks.rigs.two_host_bench import _print, run_two_hosts  # noqa: E402
+from zero_kit.bench import BenchOptions, run_bench  # noqa: E402
+
+STRATEGIES = "ddp,fsdp,fsdp_hsdp,fsdp_reshard_node,zero1,zero2,zero3,zero3_hpz,zero3_release,zero3_hpz_release"
+PER_HOST = 2
+ONE_HOST_PORT = 29956
+TWO_HOST_PORT = 29960
 
 
-def _rate_bits(rate: str) -> float:
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-    unit = next(u for u in units if rate.endswith(u))
-    return float(rate[: -len(unit)]) * units[unit]
+def bench_options(out: Path, steps: int, **size) -> BenchOptions:
+    """The benchmark's run: the tiny LLaMA, fp32, one micro batch per step (what the traffic model counts)."""
+    return BenchOptions(nproc=PER_HOST, steps=steps, warmup=2, master_port=TWO_HOST_PORT, timeout=400, out=str(out),
+                        **size)  # fmt: skip
 
 
-def run(strategies: list[str], rate: str, opts: BenchOptions, out: Path) -> list[dict]:
-    rows = []
-    for capped, (prefix, subnet) in ((None, ("zkb2", 2)), (rate, ("zkb3", 3))):
-        with two_hosts(prefix, subnet, rate=capped) as hosts:
-            for index, name in enumerate(strategies):
-                run_opts = dataclasses.replace(opts, master_port=opts.master_port + index + (10 if capped else 0))
-                record = run_two_hosts(name, run_opts, hosts, out / "logs" / (capped or "full"), _print)
-                rows.append({"strategy": name, "link": capped or "veth (uncapped)", "record": record})
-    return rows
+def probe(argv_prefix: list[str], launch: list[str], log: Path) -> dict:
+    """One run of benchmarks.link_probe; `argv_prefix` puts it into a namespace (or not)."""
+    fd, result = tempfile.mkstemp(suffix=".json", dir=log.parent)
+    os.close(fd)
+    with open(log, "w", encoding="utf-8") as f:
+        done = subprocess.run([*argv_prefix, *launch, result], stdout=f, stderr=subprocess.STDOUT, timeout=300)
+    text = Path(result).read_text(encoding="utf-8")
+    os.unlink(result)
+    if done.returncode or not text:
+        raise RuntimeError(f"link probe failed (exit {done.returncode}); see {log}")
+    return json.loads(text)
 
 
-def table(rows: list[dict], rate: str) -> str:
-    lines = [
-        f"| strategy | comm MiB/step/rank (ring) | step s uncapped | step s at {rate} | slowdown | wire time at {rate} s |",
-        "|---|---|---|---|---|---|",
-    ]
-    by = {(r["strategy"], r["link"] != "veth (uncapped)"): r["record"] for r in rows}
-    for name in dict.fromkeys(r["strategy"] for r in rows):
-        full, slow = by.get((name, False)), by.get((name, True))
-        if not full or not slow:
-            lines.append(f"| {name} | FAILED (see logs/) | | | | |")
-            continue
-        sent = slow["comm_bytes_per_step"]["ring_bytes_sent_per_rank"]
-        lines.append(
-            f"| {name} | {sent / 2**20:.2f} | {full['step_time_s']:.3f} | {slow['step_time_s']:.3f} |"
-            f" {slow['step_time_s'] / full['step_time_s']:.1f}x | {sent * 8 / _rate_bits(rate):.3f} |"
-        )
-    return "\n".join(lines) + "\n"
+def probe_one_host(nproc: int, log: Path, port: int) -> dict:
+    from zero_kit.launch import torchrun_command
+
+    env = ["env", "OMP_NUM_THREADS=1"]
+    return probe(env, torchrun_command("benchmarks.link_probe", [], nproc=nproc, master_port=port), log)
+
+
+def probe_two_hosts(hosts: TwoHosts, port: int, log: Path) -> dict:
+    """One rank per host: every byte crosses the veth (the inter-node rate at the current cap)."""
+    from zero_kit.launch import torchrun_command
+
+    procs = []
+    for node in (1, 0):
+        launch = torchrun_command("benchmarks.link_probe", [], nproc=1, master_port=port, nnodes=2, node_rank=node,
+                                  master_addr=hosts.addresses[0])  # fmt: skip
+        env = hosts.exec(node, "env", f"GLOO_SOCKET_IFNAME={hosts.device(node)}", "OMP_NUM_THREADS=1")
+        if node == 1:
+            sink = open(log.with_suffix(".node1.log"), "w", encoding="utf-8")  # noqa: SIM115 (closed below)
+            procs.append((subprocess.Popen([*env, *launch, os.devnull], stdout=sink, stderr=subprocess.STDOUT), sink))
+        else:
+            try:
+                return probe(env, launch, log)
+            finally:
+                for proc, sink in procs:
+                    proc.wait(timeout=60)
+                    sink.close()
+    raise AssertionError("unreachable")
+
+
+def wire_tx_bytes(hosts: TwoHosts) -> list[int]:
+    """Bytes each host has sent over its veth end (the kernel's counter: what really crossed the link)."""
+    out = []
+    for node in (0, 1):
+        path = f"/sys/class/net/{hosts.device(node)}/statistics/tx_bytes"
+        out.append(int(subprocess.run(hosts.exec(node, "cat", path), capture_output=True, text=True).stdout))
+    return out
+
+
+def calibrate(opts: BenchOptions, out: Path, port: int = ONE_HOST_PORT) -> dict:
+    """DDP on one host with all 4 ranks (the compute rate under the same CPU sharing) and the loopback probe, on
+    root-namespace ports `port` and `port + 1`."""
+    one = dataclasses.replace(opts, strategies="ddp", nproc=2 * PER_HOST, master_port=port,
+                              out=str(out / "one_host"))  # fmt: skip
+    _print("one-host calibration: ddp on 4 ranks")
+    record = run_bench(one, progress=lambda line: None)[0]
+    if record.get("failed"):
+        raise RuntimeError(f"one-host ddp failed: {record.get('log_tail')}")
+    intra = probe_one_host(2 * PER_HOST, out / "logs" / "probe_one_host.log", port + 1)
+    _print(f"loopback probe: {intra['bytes_per_s'] / 1e6:.0f} MB/s per rank, latency {intra['latency_s'] * 1e3:.2f} ms")
+    return {"ddp_one_host": record, "intra_probe": intra}
+
+
+def run(strategies: list[str], rates: list[str], opts: BenchOptions, out: Path, prefix: str, subnet: int) -> dict:
+    """Every strategy at every rate on one pair of hosts (the cap changes between rates, not the hosts)."""
+    rows, probes = [], {}
+    port = opts.master_port
+    with two_hosts(prefix, subnet) as hosts:
+        for rate in rates:
+            for node in (0, 1):
+                set_rate(hosts, node, None if rate == "none" else rate)
+            probes[rate] = probe_two_hosts(hosts, port, out / "logs" / f"probe_{rate}.log")
+            port += 1
+            _print(f"veth probe at {rate}: {probes[rate]['bytes_per_s'] / 1e6:.1f} MB/s")
+            for name in strategies:
+                before = wire_tx_bytes(hosts)
+                record = run_two_hosts(name, dataclasses.replace(opts, master_port=port), hosts,
+                                       out / "logs" / rate, _print)  # fmt: skip
+                port += 1
+                wire = [b - a for a, b in zip(before, wire_tx_bytes(hosts), strict=True)]
+                rows.append({"strategy": name, "rate": rate, "record": record, "wire_tx_bytes_per_run": wire})
+    return {"rows": rows, "inter_probes": probes}
+
+
+def one_host_overheads(result: dict, out: Path) -> None:
+    """Every strategy of the run on one host with the same 4 ranks (loopback only, ports 29958+): what each step
+    costs beyond the planner's compute and communication when no byte crosses the veth (the overhead term)."""
+    names = list(dict.fromkeys(row["strategy"] for row in result["rows"]))
+    first = next(row["record"] for row in result["rows"] if row["record"])
+    opts = BenchOptions(**{**first["options"], "strategies": ",".join(names), "nproc": 2 * PER_HOST,
+                           "master_port": ONE_HOST_PORT + 2, "out": str(out / "one_host_all")})  # fmt: skip
+    _print(f"one host, 4 ranks: {', '.join(names)}")
+    result["one_host_all"] = [r for r in run_bench(opts, progress=lambda line: None) if not r.get("failed")]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rate", default="200mbit")
-    parser.add_argument("--strategies", default="ddp,fsdp,zero1,zero2,zero3")
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rates", default="none,1gbit,200mbit", help="tbf rate per host egress; none = uncapped")
+    parser.add_argument("--strategies", default=STRATEGIES)
+    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per run, 2 of them warm-up")
     parser.add_argument("--out", default="benchmarks/results/link_cap")
+    parser.add_argument(
+        "--one-host-overheads",
+        action="store_true",
+        help="after a run into --out: every strategy on one host (the overhead term), then re-report",
+    )
+    parser.add_argument("--size", default="", help="hidden,layers of the tiny model (default: its own)")
     args = parser.parse_args()
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(private_extensions_dir())  # the prebuilt CPU ops: no rebuild per run
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    opts = BenchOptions(nproc=1, steps=args.steps, warmup=2, master_port=29740, timeout=400, out=str(out))
-    rows = run(args.strategies.split(","), args.rate, opts, out)
-    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    text = table(rows, args.rate)
-    first = next((r["record"] for r in rows if r["record"]), None)
-    if first:
-        text += f"\nModel {first['model']}, batch {first['batch']}, {first['steps']} steps ({first['warmup']} warm-up)."
-        text += f"\nVersions {first['versions']}; hardware {first['hardware']}.\n"
-    text += "\nCommand: python benchmarks/link_cap.py --rate " + args.rate + "\n"
-    (out / "table.md").write_text(text, encoding="utf-8")
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    size = dict(zip(("hidden_size", "layers"), map(int, args.size.split(",")), strict=True)) if args.size else {}
+    opts = bench_options(out, args.steps, **size)
+    command = ("python benchmarks/link_cap.py " + " ".join(sys.argv[1:])).strip()
+    if args.one_host_overheads:
+        result = json.loads((out / "results.json").read_text(encoding="utf-8"))
+        one_host_overheads(result, out)
+        result["commands"].append(command)
+    else:
+        rates = args.rates.split(",")
+        result = {**calibrate(opts, out), **run(args.strategies.split(","), rates, opts, out, "zkhb", 70)}
+        result["commands"] = [command]
+    predict_rows(result)
+    text = write_report(result, list(dict.fromkeys(r["rate"] for r in result["rows"])), out)
     print(text)
-    return 0 if all(r["record"] for r in rows) else 1
+    return 0 if all(r["record"] for r in result["rows"]) else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,98 @@
+"""Issues 12 and 14 on the two-host rig: two network-namespace hosts (zkht0 / zkht1, 10.78.75.1 / .2) with two
+ranks each, the veth capped at 200mbit per host egress (tc tbf), driven by benchmarks/link_cap.py.
+
+- Hierarchical sharding sends fewer bytes over the inter-node link, by the amount zero_kit.plan.traffic plans
+  (within 5%): zero3_hpz_release vs zero3_release (on this tiny model plain zero3 keeps every parameter gathered
+  through backward, so only the release variants re-gather and show hpZ's effect), fsdp_hsdp vs fsdp.
+- The planner's step time (zero_kit.plan.timing, rates probed on the rig, compute calibrated from a one-host
+  4-rank DDP run) is within STEP_TOLERANCE of the measured step at 200mbit. Looser than the ±25% of the full
+  table in benchmarks/results/link_cap/: 4 timed steps on 2 shared CPU cores, next to other tests, are noisy,
+  and DeepSpeed's per-module hook overhead in ZeRO-3 is not in the model (see the results' table.md).
+
+Ports: 29953-29954 in the root namespace (one-host calibration), 29970-29979 inside zkht0/zkht1. The namespaces are
+removed when the fixture ends, also on failure or timeout, and the last test checks it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import replace
+
+import pytest
+
+from benchmarks.link_cap import bench_options, calibrate, run
+from benchmarks.link_cap_report import predict_rows, tiers
+from benchmarks.rigs.base import build_cpu_ops, remove_etc_netns
+from benchmarks.rigs.netns import hosts_for, remove_hosts
+
+pytestmark = [
+    pytest.mark.multinode,
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("tc") is None, reason="the rig needs root and iproute2"),
+]
+PREFIX, SUBNET, RATE = "zkht", 75, "200mbit"
+PAIRS = (("zero3_hpz_release", "zero3_release"), ("fsdp_hsdp", "fsdp"))
+STEP_TOLERANCE = 0.5
+
+
+def _teardown() -> None:
+    remove_hosts(PREFIX)
+    remove_etc_netns(hosts_for(PREFIX, SUBNET).names)
+
+
+def _namespaces() -> str:
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    build_cpu_ops(timeout=900)
+    out = tmp_path_factory.mktemp("link_cap")
+    (out / "logs").mkdir()
+    opts = replace(
+        bench_options(out, steps=6, hidden_size=96, layers=2, vocab_size=256), master_port=29970, timeout=240
+    )
+    names = [name for pair in PAIRS for name in pair]
+    try:
+        found = {**calibrate(opts, out, port=29953), **run(names, [RATE], opts, out, PREFIX, SUBNET)}
+        predict_rows(found)
+    finally:
+        _teardown()
+    failed = [r["strategy"] for r in found["rows"] if not r["record"]]
+    logs = "\n".join(p.read_text()[-1500:] for p in sorted((out / "logs").rglob("*.log")))
+    assert not failed, f"failed: {failed}\n{logs}"
+    return {r["strategy"]: r for r in found["rows"]}
+
+
+def test_every_run_is_two_hosts_of_two_ranks(result):
+    for row in result.values():
+        record = row["record"]
+        assert (record["world_size"], record["nnodes"], record["ranks_per_node"]) == (4, 2, 2)
+        assert all(sent > 0 for sent in row["wire_tx_bytes_per_run"])  # the veth really carried the traffic
+
+
+@pytest.mark.parametrize(("hierarchical", "flat"), PAIRS)
+def test_hierarchical_cuts_inter_node_bytes_by_the_planned_amount(result, hierarchical, flat):
+    (h_counted, h_planned), (f_counted, f_planned) = (
+        tiers(result[hierarchical]["record"]),
+        tiers(result[flat]["record"]),
+    )
+    planned_cut = f_planned["inter_node"] - h_planned["inter_node"]
+    assert planned_cut > 0.2 * f_planned["inter_node"]
+    assert h_counted["inter_node"] < f_counted["inter_node"]
+    assert f_counted["inter_node"] - h_counted["inter_node"] == pytest.approx(planned_cut, rel=0.05)
+
+
+@pytest.mark.parametrize("name", [name for pair in PAIRS for name in pair])
+def test_predicted_step_time_at_the_capped_rate(result, name):
+    row = result[name]
+    measured, predicted = row["record"]["step_time_s"], row["predicted_step_s"]
+    assert predicted == pytest.approx(measured, rel=STEP_TOLERANCE), (
+        f"{name}: measured {measured}, predicted {predicted}"
+    )
+
+
+def test_the_rig_is_gone():
+    assert f"{PREFIX}0" not in _namespaces() and f"{PREFIX}1" not in _namespaces()
+    assert not any(os.path.exists(f"/etc/netns/{PREFIX}{node}") for node in (0, 1))
