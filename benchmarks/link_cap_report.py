@@ -13,12 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from zero_kit.bench.report import annotate, predicted_comm
+from zero_kit.bench.report import annotate, predicted_comm, record_workload
 from zero_kit.plan.memory import Hardware
 from zero_kit.plan.rates import Rates
-from zero_kit.plan.shapes import LlamaShape
 from zero_kit.plan.timing import compute_seconds, step_time
-from zero_kit.plan.workload import Workload
 from zero_kit.strategies import STRATEGIES
 
 TOLERANCE = 0.25
@@ -30,13 +28,6 @@ def rate_bytes_per_s(rate: str) -> float:
     return float(rate[: -len(unit)]) * UNITS[unit] / 8
 
 
-def workload(record: dict) -> Workload:
-    model = record["model"]
-    shape = LlamaShape(model["hidden"], model["layers"], model["heads"], model["kv_heads"], model["intermediate"],
-                       model["vocab"], model.get("tie_word_embeddings", False))  # fmt: skip
-    return Workload(shape, model["n_params"], model["seq_len"], record["batch"]["micro"], record["precision"])
-
-
 def rig_rates(flops_per_s: float, intra: dict, inter_bytes_per_s: float, source: str) -> Rates:
     return Rates(flops_per_s=flops_per_s, intra_bytes_per_s=intra["bytes_per_s"], inter_bytes_per_s=inter_bytes_per_s,
                  latency_s=intra["latency_s"], pcie_bytes_per_s=1.0, cpu_mem_bytes_per_s=1.0, cpu_adam_bytes=0.0,
@@ -45,7 +36,7 @@ def rig_rates(flops_per_s: float, intra: dict, inter_bytes_per_s: float, source:
 
 def calibrated_flops(ddp: dict, intra: dict) -> tuple[float, float]:
     """(FLOP/s per rank, compute seconds): the one-host DDP step minus its all-reduce at the probed loopback rate."""
-    work, info = workload(ddp), STRATEGIES["ddp"]
+    work, info = record_workload(ddp), STRATEGIES["ddp"]
     one_host = Hardware(gpu_mem=0, gpus_per_node=ddp["world_size"], nodes=1)
     comm = step_time(info, work, one_host, rig_rates(1e30, intra, 1.0, "")).comm_s
     compute = ddp["step_time_s"] - comm
@@ -85,7 +76,7 @@ def one_host_overheads(result: dict, rates: Rates) -> dict[str, float]:
 
 def predict(record: dict, rates: Rates) -> float:
     hardware = Hardware(gpu_mem=0, gpus_per_node=record["ranks_per_node"], nodes=record["nnodes"])
-    return step_time(STRATEGIES[record["strategy"]], workload(record), hardware, rates).step_s
+    return step_time(STRATEGIES[record["strategy"]], record_workload(record), hardware, rates).step_s
 
 
 def tiers(record: dict) -> tuple[dict, dict]:
