@@ -2,16 +2,14 @@
 with two ranks each (gloo over real TCP: loopback inside a host, a veth pair between them), first uncapped, then
 with each host's egress capped by a token bucket (tc tbf) at every --rates entry. Records the ring bytes per link
 tier (counted and planned), the step time and the slowdown from the cap, and sets the planner's predicted step
-time (zero_kit.plan.timing) beside it, with the link rates probed on the rig and the compute rate calibrated from a
-one-host DDP run on the same 4 ranks. Needs root and iproute2. Run from the repository root:
+time (zero_kit.plan.timing) beside it, with the link rates probed on the rig and the planner calibrated as
+`zero-kit plan --calibrate` does from every strategy run first on one host with the same 4 ranks (the compute rate
+from DDP, each strategy's overhead per step). At every rate it also counts what each gloo collective really sends
+over the veth (benchmarks/link_probe.py --wire). Needs root and iproute2. Run from the repository root:
 
     python benchmarks/link_cap.py --rates none,1gbit,200mbit --out benchmarks/results/link_cap
-    python benchmarks/link_cap.py --one-host-overheads --out benchmarks/results/link_cap
 
-The second runs every strategy of the first on one host with the same 4 ranks and adds the planner plus the step
-time it misses there (the per-strategy overhead term, no byte on the veth) beside the planner alone.
-
-Root namespace ports 29956-29958+; namespaces zkhb0 / zkhb1 (10.78.70.1 / .2) with ports 29960-29999; removed on
+Root namespace ports 29956-29957; namespaces zkhb0 / zkhb1 (10.78.70.1 / .2) with ports 29960-29999; removed on
 exit, also on failure.
 """
 
@@ -67,14 +65,16 @@ def probe_one_host(nproc: int, log: Path, port: int) -> dict:
     return probe(env, torchrun_command("benchmarks.link_probe", [], nproc=nproc, master_port=port), log)
 
 
-def probe_two_hosts(hosts: TwoHosts, port: int, log: Path) -> dict:
-    """One rank per host: every byte crosses the veth (the inter-node rate at the current cap)."""
+def probe_two_hosts(hosts: TwoHosts, port: int, log: Path, nproc: int = 1, wire: bool = False) -> dict:
+    """`nproc` ranks per host (1: every byte crosses the veth, the inter-node rate at the current cap); with
+    `wire`, the bytes each collective really sends over the veth (benchmarks.link_probe --wire)."""
     from zero_kit.launch import torchrun_command
 
     procs = []
     for node in (1, 0):
-        launch = torchrun_command("benchmarks.link_probe", [], nproc=1, master_port=port, nnodes=2, node_rank=node,
-                                  master_addr=hosts.addresses[0])  # fmt: skip
+        args = ["--wire", hosts.device(node)] if wire else []
+        launch = torchrun_command("benchmarks.link_probe", args, nproc=nproc, master_port=port, nnodes=2,
+                                  node_rank=node, master_addr=hosts.addresses[0])  # fmt: skip
         env = hosts.exec(node, "env", f"GLOO_SOCKET_IFNAME={hosts.device(node)}", "OMP_NUM_THREADS=1")
         if node == 1:
             sink = open(log.with_suffix(".node1.log"), "w", encoding="utf-8")  # noqa: SIM115 (closed below)
@@ -98,30 +98,33 @@ def wire_tx_bytes(hosts: TwoHosts) -> list[int]:
     return out
 
 
-def calibrate(opts: BenchOptions, out: Path, port: int = ONE_HOST_PORT) -> dict:
-    """DDP on one host with all 4 ranks (the compute rate under the same CPU sharing) and the loopback probe, on
-    root-namespace ports `port` and `port + 1`."""
-    one = dataclasses.replace(opts, strategies="ddp", nproc=2 * PER_HOST, master_port=port,
+def calibrate(opts: BenchOptions, out: Path, port: int = ONE_HOST_PORT, strategies: str = "ddp") -> dict:
+    """`strategies` on one host with all 4 ranks (the compute rate and overheads under the same CPU sharing) and
+    the loopback probe, on root-namespace ports `port` and `port + 1`."""
+    one = dataclasses.replace(opts, strategies=strategies, nproc=2 * PER_HOST, master_port=port,
                               out=str(out / "one_host"))  # fmt: skip
-    _print("one-host calibration: ddp on 4 ranks")
-    record = run_bench(one, progress=lambda line: None)[0]
-    if record.get("failed"):
-        raise RuntimeError(f"one-host ddp failed: {record.get('log_tail')}")
+    _print(f"one host, 4 ranks: {strategies}")
+    records = run_bench(one, progress=lambda line: None)
+    failed = [r for r in records if r.get("failed")]
+    if failed:
+        raise RuntimeError(f"one-host {failed[0]['strategy']} failed: {failed[0].get('log_tail')}")
     intra = probe_one_host(2 * PER_HOST, out / "logs" / "probe_one_host.log", port + 1)
     _print(f"loopback probe: {intra['bytes_per_s'] / 1e6:.0f} MB/s per rank, latency {intra['latency_s'] * 1e3:.2f} ms")
-    return {"ddp_one_host": record, "intra_probe": intra}
+    found = {"ddp_one_host": next(r for r in records if r["strategy"] == "ddp"), "intra_probe": intra}
+    return found | ({"one_host_all": records} if len(records) > 1 else {})
 
 
 def run(strategies: list[str], rates: list[str], opts: BenchOptions, out: Path, prefix: str, subnet: int) -> dict:
     """Every strategy at every rate on one pair of hosts (the cap changes between rates, not the hosts)."""
-    rows, probes = [], {}
+    rows, probes, wire = [], {}, {}
     port = opts.master_port
     with two_hosts(prefix, subnet) as hosts:
         for rate in rates:
             for node in (0, 1):
                 set_rate(hosts, node, None if rate == "none" else rate)
             probes[rate] = probe_two_hosts(hosts, port, out / "logs" / f"probe_{rate}.log")
-            port += 1
+            wire[rate] = probe_two_hosts(hosts, port + 1, out / "logs" / f"wire_{rate}.log", PER_HOST, wire=True)
+            port += 2
             _print(f"veth probe at {rate}: {probes[rate]['bytes_per_s'] / 1e6:.1f} MB/s")
             for name in strategies:
                 before = wire_tx_bytes(hosts)
@@ -130,18 +133,7 @@ def run(strategies: list[str], rates: list[str], opts: BenchOptions, out: Path, 
                 port += 1
                 wire = [b - a for a, b in zip(before, wire_tx_bytes(hosts), strict=True)]
                 rows.append({"strategy": name, "rate": rate, "record": record, "wire_tx_bytes_per_run": wire})
-    return {"rows": rows, "inter_probes": probes}
-
-
-def one_host_overheads(result: dict, out: Path) -> None:
-    """Every strategy of the run on one host with the same 4 ranks (loopback only, ports 29958+): what each step
-    costs beyond the planner's compute and communication when no byte crosses the veth (the overhead term)."""
-    names = list(dict.fromkeys(row["strategy"] for row in result["rows"]))
-    first = next(row["record"] for row in result["rows"] if row["record"])
-    opts = BenchOptions(**{**first["options"], "strategies": ",".join(names), "nproc": 2 * PER_HOST,
-                           "master_port": ONE_HOST_PORT + 2, "out": str(out / "one_host_all")})  # fmt: skip
-    _print(f"one host, 4 ranks: {', '.join(names)}")
-    result["one_host_all"] = [r for r in run_bench(opts, progress=lambda line: None) if not r.get("failed")]
+    return {"rows": rows, "inter_probes": probes, "wire": wire}
 
 
 def main() -> int:
@@ -150,11 +142,6 @@ def main() -> int:
     parser.add_argument("--strategies", default=STRATEGIES)
     parser.add_argument("--steps", type=int, default=6, help="optimizer steps per run, 2 of them warm-up")
     parser.add_argument("--out", default="benchmarks/results/link_cap")
-    parser.add_argument(
-        "--one-host-overheads",
-        action="store_true",
-        help="after a run into --out: every strategy on one host (the overhead term), then re-report",
-    )
     parser.add_argument("--size", default="", help="hidden,layers of the tiny model (default: its own)")
     args = parser.parse_args()
     os.environ["TORCH_EXTENSIONS_DIR"] = str(private_extensions_dir())  # the prebuilt CPU ops: no rebuild per run
@@ -163,14 +150,10 @@ def main() -> int:
     size = dict(zip(("hidden_size", "layers"), map(int, args.size.split(",")), strict=True)) if args.size else {}
     opts = bench_options(out, args.steps, **size)
     command = ("python benchmarks/link_cap.py " + " ".join(sys.argv[1:])).strip()
-    if args.one_host_overheads:
-        result = json.loads((out / "results.json").read_text(encoding="utf-8"))
-        one_host_overheads(result, out)
-        result["commands"].append(command)
-    else:
-        rates = args.rates.split(",")
-        result = {**calibrate(opts, out), **run(args.strategies.split(","), rates, opts, out, "zkhb", 70)}
-        result["commands"] = [command]
+    rates = args.rates.split(",")
+    result = {**calibrate(opts, out, strategies=args.strategies), **run(args.strategies.split(","), rates, opts, out,
+                                                                        "zkhb", 70)}  # fmt: skip
+    result["commands"] = [command]
     predict_rows(result)
     text = write_report(result, list(dict.fromkeys(r["rate"] for r in result["rows"])), out)
     print(text)

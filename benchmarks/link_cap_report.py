@@ -1,25 +1,33 @@
 """Predictions, tables and plots of benchmarks/link_cap.py: the planner's step time (zero_kit.plan.timing) for
 every run, with rates measured on the rig, next to the measured step time and the counted bytes per link tier.
 
-Rates (all stated in table.md): compute = the FLOP/s per rank at which the planner reproduces the one-host 4-rank
-DDP step (its loopback all-reduce subtracted at the probed loopback rate); intra-node = the loopback probe (4 ranks
-on one host); inter-node = the veth probe uncapped, the tbf rate itself when capped (the rate per host egress);
-latency = the probed 4-byte all-reduce; overlap 0: the 4 ranks share 2 CPU cores, so gloo's communication runs on
-the same cores as the compute and hides nothing.
+The planner is calibrated as `zero-kit plan --calibrate` does it (zero_kit.plan.calibration) from the one-host
+runs of the same 4 ranks: compute = the FLOP/s per rank at which it reproduces the one-host DDP step (its loopback
+all-reduce taken off), and with --one-host-overheads each strategy's overhead (its one-host step minus the model's).
+Rates (all stated in table.md): intra-node = the loopback probe (4 ranks on one host); inter-node = the veth probe
+uncapped, the tbf rate itself when capped (the rate per host egress); latency = the probed 4-byte all-reduce;
+collectives: gloo (a reduce-scatter is an all-reduce on the wire); overlap 0: the 4 ranks share 2 CPU cores, so
+gloo's communication runs on the same cores as the compute and hides nothing; host copy rate = the loopback probe
+(what the ranks' CPUs move when no link limits them: the overhead overlaps only the wait beyond it).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
-from zero_kit.bench.report import annotate, predicted_comm, record_workload
-from zero_kit.plan.memory import Hardware
+from zero_kit.bench.report import annotate, predicted_comm
+from zero_kit.plan.calibration import calibrate, layout_of
 from zero_kit.plan.rates import Rates
-from zero_kit.plan.timing import compute_seconds, step_time
+from zero_kit.plan.timing import on_the_wire, step_time
+from zero_kit.plan.traffic import collectives, tier_bytes
+from zero_kit.plan.workload import from_record
 from zero_kit.strategies import STRATEGIES
 
 TOLERANCE = 0.25
+TIE = 0.10
+"""Measured step times closer than this are within the run-to-run noise of this rig (table.md states it)."""
 UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
 
@@ -31,52 +39,40 @@ def rate_bytes_per_s(rate: str) -> float:
 def rig_rates(flops_per_s: float, intra: dict, inter_bytes_per_s: float, source: str) -> Rates:
     return Rates(flops_per_s=flops_per_s, intra_bytes_per_s=intra["bytes_per_s"], inter_bytes_per_s=inter_bytes_per_s,
                  latency_s=intra["latency_s"], pcie_bytes_per_s=1.0, cpu_mem_bytes_per_s=1.0, cpu_adam_bytes=0.0,
-                 overlap=0.0, compute_source=source)  # fmt: skip
+                 overlap=0.0, compute_source=source, comm_backend="gloo",
+                 host_copy_bytes_per_s=intra["bytes_per_s"])  # fmt: skip
 
 
-def calibrated_flops(ddp: dict, intra: dict) -> tuple[float, float]:
-    """(FLOP/s per rank, compute seconds): the one-host DDP step minus its all-reduce at the probed loopback rate."""
-    work, info = record_workload(ddp), STRATEGIES["ddp"]
-    one_host = Hardware(gpu_mem=0, gpus_per_node=ddp["world_size"], nodes=1)
-    comm = step_time(info, work, one_host, rig_rates(1e30, intra, 1.0, "")).comm_s
-    compute = ddp["step_time_s"] - comm
-    return compute_seconds(work, rig_rates(1.0, intra, 1.0, "")) / compute, compute
+def one_host_records(result: dict) -> list[dict]:
+    """The calibration run: every strategy on one host (--one-host-overheads), else the one-host DDP alone."""
+    return result.get("one_host_all") or [result["ddp_one_host"]]
 
 
 def predict_rows(result: dict) -> None:
-    """Annotate each two-host record (planned bytes per tier) and add the planner's step time to each row."""
+    """Annotate each two-host record (planned bytes per tier) and add the planner's step time to each row: without
+    and with the calibrated per-strategy overhead."""
     intra = result["intra_probe"]
-    flops, compute = calibrated_flops(result["ddp_one_host"], intra)
-    result["rates"] = {"compute_flops_per_s": flops, "compute_s": compute, "intra_bytes_per_s": intra["bytes_per_s"],
-                       "latency_s": intra["latency_s"], "overlap": 0.0, "inter_bytes_per_s": {}}  # fmt: skip
+    result["rates"] = {"intra_bytes_per_s": intra["bytes_per_s"], "latency_s": intra["latency_s"], "overlap": 0.0,
+                       "inter_bytes_per_s": {}}  # fmt: skip
     for rate in dict.fromkeys(r["rate"] for r in result["rows"]):
         group = [r["record"] for r in result["rows"] if r["rate"] == rate and r["record"]]
         annotate(group)
         inter = result["inter_probes"][rate]["bytes_per_s"] if rate == "none" else rate_bytes_per_s(rate)
         result["rates"]["inter_bytes_per_s"][rate] = inter
-        rates = rig_rates(flops, intra, inter, "one-host ddp")
-        overhead = one_host_overheads(result, rates)
+        calibration = calibrate(one_host_records(result), "the one-host runs", rig_rates(1.0, intra, inter, ""))
+        result["rates"]["compute_flops_per_s"] = calibration.flops_per_s
+        result["overhead_s"] = dict(calibration.overhead_s) if "one_host_all" in result else {}
+        plain = rig_rates(calibration.flops_per_s, intra, inter, calibration.source)
+        with_overhead = replace(plain, overhead_s=result["overhead_s"])
         for row in result["rows"]:
             if row["rate"] == rate and row["record"]:
-                row["predicted_step_s"] = predict(row["record"], rates)
-                if row["strategy"] in overhead:
-                    row["predicted_with_overhead_s"] = row["predicted_step_s"] + overhead[row["strategy"]]
-
-
-def one_host_overheads(result: dict, rates: Rates) -> dict[str, float]:
-    """Per strategy: measured minus predicted step on one host with the same 4 ranks (loopback only). What the
-    planner misses there is no link term: DeepSpeed's and FSDP2's own CPU work per step (hooks, flat-buffer and
-    bucket copies, partitioned optimizer bookkeeping), which on these shared cores adds to the step."""
-    found = {}
-    for record in result.get("one_host_all", []):
-        found[record["strategy"]] = record["step_time_s"] - predict(record, rates)
-    result["overhead_s"] = found
-    return found
+                row["predicted_step_s"] = predict(row["record"], plain)
+                if row["strategy"] in result["overhead_s"]:
+                    row["predicted_with_overhead_s"] = predict(row["record"], with_overhead)
 
 
 def predict(record: dict, rates: Rates) -> float:
-    hardware = Hardware(gpu_mem=0, gpus_per_node=record["ranks_per_node"], nodes=record["nnodes"])
-    return step_time(STRATEGIES[record["strategy"]], record_workload(record), hardware, rates).step_s
+    return step_time(STRATEGIES[record["strategy"]], from_record(record), layout_of(record), rates).step_s
 
 
 def tiers(record: dict) -> tuple[dict, dict]:
@@ -96,20 +92,43 @@ def _rank(values: dict[str, float]) -> list[str]:
 
 def bytes_table(result: dict, rates: list[str]) -> str:
     by = {(r["strategy"], r["rate"]): r for r in result["rows"]}
-    lines = ["| strategy | inter-node MiB/step counted (planned) | intra-node MiB/step counted (planned) | "
-             + " | ".join(f"veth tx MiB/step at {rate}" for rate in rates) + " |",
-             "|---|---|---|" + "---|" * len(rates)]  # fmt: skip
+    lines = ["| strategy | inter-node MiB/step counted (planned) | intra-node MiB/step counted (planned) | inter-node "
+             "MiB/step on the wire, gloo (planned) | " + " | ".join(f"veth tx MiB/step at {rate}" for rate in rates)
+             + " |", "|---|---|---|---|" + "---|" * len(rates)]  # fmt: skip
     for name in dict.fromkeys(r["strategy"] for r in result["rows"]):
         first = next((by[(name, rate)]["record"] for rate in rates if by[(name, rate)]["record"]), None)
         if first is None:
-            lines.append(f"| {name} | FAILED | |" + " |" * len(rates))
+            lines.append(f"| {name} | FAILED | | |" + " |" * len(rates))
             continue
         counted, planned = tiers(first)
         steps = first["steps"]
         wire = [by[(name, rate)]["wire_tx_bytes_per_run"] for rate in rates]
         lines.append(f"| {name} | {_mib(counted['inter_node'])} ({_mib(planned['inter_node'])}) | "
-                     f"{_mib(counted['intra_node'])} ({_mib(planned['intra_node'])}) | "
+                     f"{_mib(counted['intra_node'])} ({_mib(planned['intra_node'])}) | {_mib(gloo_wire(first))} | "
                      + " | ".join(_mib(sum(w) / steps) for w in wire) + " |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def gloo_wire(record: dict) -> float:
+    """Inter-node bytes per step, all ranks, as gloo sends them (its reduce-scatter is an all-reduce)."""
+    layout, work = layout_of(record), from_record(record)
+    per_node = layout.gpus_per_node
+    return sum(tier_bytes(on_the_wire(c, "gloo"), layout.nodes, per_node).inter_node
+               for c in collectives(STRATEGIES[record["strategy"]], work, per_node))  # fmt: skip
+
+
+def wire_table(result: dict) -> str:
+    """What one call of each collective sent over each host's veth (8 MiB payload, 4 ranks) vs the ring model."""
+    wire = result.get("wire") or {}
+    if not wire:
+        return ""
+    lines = ["| collective | ring model MiB per host | " + " | ".join(f"veth MiB per host at {r}" for r in wire)
+             + " | veth / ring |", "|---|---|" + "---|" * (len(wire) + 1)]  # fmt: skip
+    for kind in next(iter(wire.values()))["kinds"]:
+        ring = next(iter(wire.values()))["kinds"][kind]["ring_bytes_per_call_per_host"]
+        sent = [sum(w["kinds"][kind]["wire_bytes_per_call_by_host"]) / 2 for w in wire.values()]
+        lines.append(f"| {kind} | {_mib(ring)} | " + " | ".join(_mib(b) for b in sent)
+                     + f" | {max(sent) / ring:.2f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -140,16 +159,33 @@ def time_table(result: dict, rates: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def inverted_pairs(measured: dict[str, float], predicted: dict[str, float]) -> list[tuple[str, str, float]]:
+    """(faster, slower, measured gap) of every pair the prediction orders the other way than the measurement."""
+    names = list(measured)
+    out = []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            fast, slow = (a, b) if measured[a] <= measured[b] else (b, a)
+            if predicted[fast] > predicted[slow]:
+                out.append((fast, slow, measured[slow] / measured[fast] - 1))
+    return out
+
+
 def ranking_lines(result: dict, rates: list[str], key: str, label: str) -> list[str]:
     lines = []
     for rate in rates:
         rows = [r for r in result["rows"] if r["rate"] == rate and key in r]
-        measured = _rank({r["strategy"]: r["record"]["step_time_s"] for r in rows})
-        predicted = _rank({r["strategy"]: r[key] for r in rows})
+        times = {r["strategy"]: r["record"]["step_time_s"] for r in rows}
+        guesses = {r["strategy"]: r[key] for r in rows}
+        measured, predicted = _rank(times), _rank(guesses)
         misses = [r["strategy"] for r in rows if abs(r[key] / r["record"]["step_time_s"] - 1) > TOLERANCE]
+        inverted = inverted_pairs(times, guesses)
+        wide = [f"{a} < {b} by {gap:.0%}" for a, b, gap in inverted if gap > TIE]
+        pairs = len(rows) * (len(rows) - 1) // 2
         lines.append(f"- {label}, {rate}: measured fastest first {', '.join(measured)}; predicted "
-                     f"{', '.join(predicted)} ({'same ranking' if measured == predicted else 'ranking differs'});"
-                     f" outside ±{TOLERANCE:.0%}: {', '.join(misses) or 'none'}")  # fmt: skip
+                     f"{', '.join(predicted)} ({'same ranking' if measured == predicted else 'ranking differs'}:"
+                     f" {len(inverted)} of {pairs} pairs inverted, of them measured more than {TIE:.0%} apart: "
+                     f"{', '.join(wide) or 'none'}); outside ±{TOLERANCE:.0%}: {', '.join(misses) or 'none'}")  # fmt: skip
     return lines
 
 
@@ -157,8 +193,11 @@ def rates_text(result: dict) -> str:
     r = result["rates"]
     inter = ", ".join(f"{k} {v / 1e6:.1f} MB/s" for k, v in r["inter_bytes_per_s"].items())
     probes = ", ".join(f"{k} {v['bytes_per_s'] / 1e6:.1f} MB/s" for k, v in result["inter_probes"].items())
+    ddp = next(rec for rec in one_host_records(result) if rec["strategy"] == "ddp")
+    overhead = ", ".join(f"{k} {v * 1e3:+.0f}" for k, v in result.get("overhead_s", {}).items())
     return (f"Rates: compute {r['compute_flops_per_s'] / 1e9:.2f} GFLOP/s per rank (one-host 4-rank ddp step "
-            f"{result['ddp_one_host']['step_time_s']:.3f} s, of it compute {r['compute_s']:.3f} s); intra-node "
+            f"{ddp['step_time_s']:.3f} s, its all-reduce taken off); overhead ms per step (one host): "
+            f"{overhead or 'not measured'}; collectives gloo (reduce-scatter = all-reduce); intra-node "
             f"(loopback probe, 4 ranks) {r['intra_bytes_per_s'] / 1e6:.0f} MB/s per rank; latency "
             f"{r['latency_s'] * 1e3:.2f} ms per call; overlap 0; inter-node per host: {inter}. The veth probe "
             f"(8 MiB all-reduce, one rank per host) measured: {probes}.\n")  # fmt: skip
@@ -173,6 +212,8 @@ def write_report(result: dict, rates: list[str], out: Path) -> str:
             + "".join(f"    {command}\n" for command in result["commands"]) + "\n"
             "## Bytes per step by link tier (ring model, all ranks; veth tx: the kernel's count per step of the "
             "whole run, start-up included)\n\n" + bytes_table(result, rates)
+            + "\n## What each gloo collective sends over the veth (benchmarks/link_probe.py --wire, 2 hosts x 2 "
+            "ranks, 8 MiB payload, per call)\n\n" + wire_table(result)
             + "\n## Step time: measured vs the planner (zero_kit.plan.timing)\n\n" + time_table(result, rates)
             + "\n" + "\n".join(ranking_lines(result, rates, "predicted_step_s", "planner"))
             + "\n" + "\n".join(ranking_lines(result, rates, "predicted_with_overhead_s", "planner + overhead"))

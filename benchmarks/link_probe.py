@@ -6,16 +6,26 @@ per process; rank 0 writes one JSON line to the path given:
 
 benchmarks/link_cap.py runs it on one host (4 ranks: the loopback "intra-node" link, with the CPU shared as in
 the benchmark) and across its two hosts at every rate (one rank per host: the veth, capped or not).
+
+With --wire DEVICE it measures instead what each collective really sends over the link: every rank reads its
+host's DEVICE tx counter (the kernel's count of bytes sent) around WIRE_REPEATS calls of each of all_reduce,
+all_gather_into_tensor and reduce_scatter_tensor, and rank 0 writes the bytes per call each host sent next to the
+ring model's (zero_kit.metrics.ring_bytes, the world ring crossing each host's link once):
+
+    torchrun --nnodes 2 --nproc_per_node 2 ... -m benchmarks.link_probe --wire veth0 /tmp/wire.json
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
 PAYLOAD_BYTES = 8 * 2**20
 REPEATS = 4
+WIRE_REPEATS = 3
+KINDS = ("allreduce", "allgather", "reducescatter")
 
 
 def _timed(tensor, repeats: int) -> float:
@@ -29,6 +39,58 @@ def _timed(tensor, repeats: int) -> float:
         dist.all_reduce(tensor)
     dist.barrier()
     return (time.perf_counter() - start) / repeats
+
+
+def _collective(kind: str, world: int):
+    import torch
+    import torch.distributed as dist
+
+    full = torch.ones(PAYLOAD_BYTES // 4)
+    shard = torch.ones(PAYLOAD_BYTES // 4 // world)
+    return {
+        "allreduce": lambda: dist.all_reduce(full),
+        "allgather": lambda: dist.all_gather_into_tensor(full, shard),
+        "reducescatter": lambda: dist.reduce_scatter_tensor(shard, full),
+    }[kind]
+
+
+def _tx_bytes(device: str) -> int:
+    with open(f"/sys/class/net/{device}/statistics/tx_bytes", encoding="utf-8") as f:
+        return int(f.read())
+
+
+def wire(device: str, path: str) -> None:
+    """Bytes each host sends over `device` per call of each collective (module doc)."""
+    import torch.distributed as dist
+
+    from zero_kit.metrics import ring_bytes
+
+    dist.init_process_group("gloo")
+    try:
+        world, local = dist.get_world_size(), int(os.environ["LOCAL_RANK"])
+        hosts = world // int(os.environ["LOCAL_WORLD_SIZE"])
+        result = {"world_size": world, "hosts": hosts, "payload_bytes": PAYLOAD_BYTES, "kinds": {}}
+        for kind in KINDS:
+            call = _collective(kind, world)
+            call()  # warm-up: connections, buffers
+            dist.barrier()
+            before = _tx_bytes(device)
+            for _ in range(WIRE_REPEATS):
+                call()
+            dist.barrier()
+            sent = (_tx_bytes(device) - before) if local == 0 else 0  # one reader per host
+            per_host = [0] * world
+            dist.all_gather_object(per_host, sent)
+            ring = ring_bytes(kind, PAYLOAD_BYTES, world)  # each rank to its successor; one crossing per host
+            result["kinds"][kind] = {
+                "wire_bytes_per_call_by_host": [b / WIRE_REPEATS for b in per_host if b],
+                "ring_bytes_per_call_per_host": ring if hosts > 1 else 0.0,
+            }
+        if dist.get_rank() == 0:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(json.dumps(result) + "\n")
+    finally:
+        dist.destroy_process_group()
 
 
 def main(path: str) -> None:
@@ -51,4 +113,7 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--wire":
+        wire(sys.argv[2], sys.argv[3])
+    else:
+        main(sys.argv[1])

@@ -52,27 +52,17 @@ def predicted_state(record: dict[str, Any]) -> dict[str, Any] | None:
             "paper_total": base, "all_ranks_total": [base + e for e in edges]}  # fmt: skip
 
 
-def record_workload(record: dict[str, Any]):
-    """The planner's Workload (zero_kit.plan.workload) of a bench record: its model's shape, batch and precision."""
-    from zero_kit.plan.shapes import LlamaShape
-    from zero_kit.plan.workload import Workload
-
-    model = record["model"]
-    shape = LlamaShape(model["hidden"], model["layers"], model["heads"], model["kv_heads"], model["intermediate"],
-                       model["vocab"], model.get("tie_word_embeddings", False))  # fmt: skip
-    return Workload(shape, model["n_params"], model["seq_len"], record["batch"]["micro"], record["precision"])
-
-
 def predicted_comm(record: dict[str, Any]) -> dict[str, Any] | None:
     """The planner's ring bytes per step for this run, all ranks, by link tier (zero_kit.plan.traffic, the formulas
     `zero-kit plan` ranks and times with), and the measured bytes' error against them. None when the record lacks
     the model's shape (records written before it was recorded)."""
     from zero_kit.plan.traffic import step_tier_bytes
+    from zero_kit.plan.workload import from_record
 
     info = STRATEGIES.get(record["strategy"])
     if info is None or "intermediate" not in record["model"] or record["batch"]["grad_accum"] != 1:
         return None  # the traffic model counts one micro batch per step
-    work = record_workload(record)
+    work = from_record(record)
     per_node = record.get("ranks_per_node") or record["world_size"]
     tiers = step_tier_bytes(info, work, record["world_size"] // per_node, per_node)
     predicted = {"intra_node": tiers.intra_node, "inter_node": tiers.inter_node}

@@ -56,7 +56,11 @@ class PlanOptions:
     """GPU type for the step-time model's defaults: peak FLOP/s, NVLink/PCIe and typical inter-node bandwidth
     (zero_kit.plan.rates)."""
     calibrate: str | None = None
-    """A `zero-kit bench` results.jsonl: the achieved FLOP/s of its DDP (else ZeRO-0) record replace peak x MFU."""
+    """A `zero-kit bench` results.jsonl: the achieved FLOP/s of its DDP (else ZeRO-0) record replace peak x MFU;
+    for the same model, sequence and micro batch, each strategy's measured overhead per step is added too."""
+    comm_backend: Literal["nccl", "gloo"] = "nccl"
+    """Collective library, for its algorithms: nccl (GPUs), or gloo (CPU ranks: a reduce-scatter is an
+    all-reduce)."""
     rank_by: Literal["memory", "time"] = "memory"
     """Recommend by the memory model's ranking (no offload, fewer bytes sent) or by predicted step time."""
     assume: str | None = None
@@ -161,9 +165,9 @@ def _timing_problems(opts: PlanOptions) -> list[UserError]:
     return problems
 
 
-def read_calibration(path: str) -> tuple[object, list[UserError]]:
-    """(Calibration or None, problems) from a `zero-kit bench` results.jsonl."""
-    from zero_kit.plan.rates import calibrate
+def read_calibration(path: str, rates) -> tuple[object, list[UserError]]:
+    """(Calibration or None, problems) from a `zero-kit bench` results.jsonl, its comm taken at `rates`."""
+    from zero_kit.plan.calibration import calibrate
 
     file = Path(path)
     if not file.is_file():
@@ -176,7 +180,7 @@ def read_calibration(path: str) -> tuple[object, list[UserError]]:
             records.append(json.loads(line))
         except ValueError:
             continue  # a torn last line of an interrupted run: the other records still count
-    found = calibrate(records, file.name)
+    found = calibrate(records, file.name, rates)
     if found is None:
         fix = "run `zero-kit bench --strategies ddp ...` and pass its results.jsonl"
         why = "a ddp or zero0 record with flops_per_token and tokens_per_s.per_rank"
@@ -184,16 +188,13 @@ def read_calibration(path: str) -> tuple[object, list[UserError]]:
     return found, []
 
 
-def build_rates(opts: PlanOptions, assume, precision: str, calibration):
+def build_rates(opts: PlanOptions, assume, precision: str):
     from zero_kit.plan.rates import DEFAULT_MFU, GBIT, GPU_SPECS, Rates, peak_of
 
     spec = GPU_SPECS[opts.gpu]
-    if calibration is not None:
-        flops, source = calibration.flops_per_s, calibration.source
-    else:
-        mfu = opts.mfu or DEFAULT_MFU
-        flops = peak_of(spec, precision) * mfu
-        source = f"{spec.name} {precision} peak {peak_of(spec, precision) / 1e12:g} TFLOP/s x MFU {mfu:g}"
+    mfu = opts.mfu or DEFAULT_MFU
+    flops = peak_of(spec, precision) * mfu
+    source = f"{spec.name} {precision} peak {peak_of(spec, precision) / 1e12:g} TFLOP/s x MFU {mfu:g}"
     return Rates(
         flops_per_s=flops,
         intra_bytes_per_s=(opts.intra_node_gbps or spec.intra_gbps) * GBIT,
@@ -204,6 +205,7 @@ def build_rates(opts: PlanOptions, assume, precision: str, calibration):
         cpu_adam_bytes=assume.cpu_adam_bytes,
         overlap=assume.overlap,
         compute_source=source,
+        comm_backend=opts.comm_backend,
     )
 
 
@@ -216,9 +218,10 @@ def build_inputs(opts: PlanOptions):
     items = [item for item in (opts.assume or "").split(",") if item.strip()]
     assume, assume_problems = parse_assume(items)
     problems += [UserError(text, "see zero-kit plan --help for the keys") for text in assume_problems]
+    rates = build_rates(opts, assume, opts.precision)
     calibration = None
     if opts.calibrate:
-        calibration, found = read_calibration(opts.calibrate)
+        calibration, found = read_calibration(opts.calibrate, rates)
         problems += found
     if opts.gpu_mem is None:
         problems.insert(0, UserError("--gpu-mem is required", "e.g. --gpu-mem 80GB"))
@@ -245,7 +248,11 @@ def build_inputs(opts: PlanOptions):
         opts.margin,
         assume,
     )
-    return label, work, hardware, build_rates(opts, assume, opts.precision, calibration)
+    if calibration is not None:
+        from zero_kit.plan.calibration import apply
+
+        rates = apply(calibration, rates, work)
+    return label, work, hardware, rates
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,5 +1,5 @@
 """What one GPU, its links and its host can do per second: a small table of documented defaults per GPU type, and
-the calibration of achieved FLOP/s from a `zero-kit bench` results.jsonl. Pure: the caller reads the file.
+what the step-time model divides by. Calibration from a measured run: `zero_kit.plan.calibration`.
 
 Sources of the table (per direction, dense, no sparsity):
   peak FLOP/s: `zero_kit.metrics.PEAK_FLOPS` (NVIDIA data sheets).
@@ -15,7 +15,7 @@ Table 4): the compute a well-tuned step reaches when it is not waiting on commun
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from zero_kit.metrics import PEAK_FLOPS
 
@@ -62,38 +62,15 @@ class Rates:
     overlap: float
     compute_source: str
     """How flops_per_s was obtained, for the output."""
+    comm_backend: str = "nccl"
+    """The collective library, for its algorithms (zero_kit.plan.timing): nccl, or gloo (CPU ranks)."""
+    overhead_s: dict[str, float] = field(default_factory=dict)
+    """Seconds per step per strategy name that compute and communication do not explain, calibrated from a
+    measured run (zero_kit.plan.calibration); 0 for a strategy not in it."""
+    host_copy_bytes_per_s: float | None = None
+    """How fast the ranks' own CPUs move a collective's bytes (CPU ranks: the uncapped link); comm time beyond it
+    is waiting on the link, which the overhead overlaps. None: the host moves none of them (NCCL's kernels do)."""
 
 
 def peak_of(spec: GpuSpec, precision: str) -> float:
     return PEAK_FLOPS[spec.peak_key][precision]
-
-
-@dataclass(frozen=True)
-class Calibration:
-    flops_per_s: float
-    source: str
-
-
-def calibrate(records: list[dict], origin: str) -> Calibration | None:
-    """Achieved FLOP/s per rank from the DDP (else ZeRO-0) record of a `zero-kit bench` run: flops_per_token x
-    tokens per second per rank. The record's step time includes whatever communication DDP did not hide, so on a
-    one-host run this is the compute rate, slightly pessimistic. None when no record is usable."""
-    usable = [r for r in records if _usable(r)]
-    for strategy in ("ddp", "zero0"):
-        chosen = [r for r in usable if r["strategy"] == strategy]
-        if chosen:
-            record = chosen[0]
-            per_rank = record["tokens_per_s"]["per_rank"]
-            flops = record["flops_per_token"] * per_rank
-            where = f"{record.get('device', '?')}, {record.get('world_size', '?')} rank(s)"
-            return Calibration(flops, f"calibrated from {origin} ({strategy}, {where}): {flops / 1e12:.3g} TFLOP/s")
-    return None
-
-
-def _usable(record: object) -> bool:
-    if not isinstance(record, dict) or record.get("strategy") not in ("ddp", "zero0"):
-        return False
-    tokens = record.get("tokens_per_s")
-    per_rank = tokens.get("per_rank") if isinstance(tokens, dict) else None
-    fpt = record.get("flops_per_token")
-    return all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in (per_rank, fpt))

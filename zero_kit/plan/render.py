@@ -62,7 +62,7 @@ def time_table(plan: Plan) -> list[str]:
     lines = [
         "predicted step time:",
         f"  {'option':<26}{'step s':>9}{'tokens/s':>11}{'compute':>9}{'intra':>9}{'inter':>9}{'offload':>9}"
-        f"{'hidden':>9}  dominant",
+        f"{'overhead':>9}{'hidden':>9}  dominant",
     ]
     for o in plan.options:
         t = o.timing
@@ -72,7 +72,8 @@ def time_table(plan: Plan) -> list[str]:
             f"  {mark}{o.label:<25}{t.step_s:>9.3g}{t.tokens_per_s:>11,.0f}{terms}{t.hidden_s:>9.3g}  {t.dominant}"
         )
     lines.append(
-        f"  seconds per step (one micro batch); step = compute + comm - hidden + offload. compute: {rates.compute_source};"
+        f"  seconds per step (one micro batch); step = compute + comm - hidden + offload + overhead not hidden by link waits. compute: "
+        f"{rates.compute_source}; collectives: {rates.comm_backend};"
         f" intra-node {rates.intra_bytes_per_s * 8 / 1e9:g} Gbit/s per GPU, inter-node"
         f" {rates.inter_bytes_per_s * 8 / 1e9:g} Gbit/s per node, {rates.latency_s * 1e6:g} us per collective call,"
         f" {rates.overlap:.0%} of overlappable comm hidden (ring model: zero_kit.plan.timing)"
@@ -133,7 +134,12 @@ def timing_json(option: Option) -> dict:
         "tokens_per_s": t.tokens_per_s,
         "dominant": t.dominant,
         "seconds": {name.replace(" ", "_").replace("-", "_"): t.terms[name] for name in TERMS}
-        | {"hidden_comm": t.hidden_s, "pcie": t.pcie_s, "cpu_adam": t.cpu_adam_s},
+        | {
+            "hidden_comm": t.hidden_s,
+            "pcie": t.pcie_s,
+            "cpu_adam": t.cpu_adam_s,
+            "overhead_hidden": t.overhead_hidden_s,
+        },
         "collectives": [
             {
                 "what": c.collective.what,

@@ -16,20 +16,35 @@ inter-node bandwidth. The links work at once, so a collective takes the slower o
 
     T_c = max(B_intra / W_intra, B_inter_node / W_inter) + alpha x calls       (alpha-beta model, alpha = --latency-us)
 
-and is charged to that tier. Overlap: hidden = min(f x sum of T_c over overlappable collectives, T_comp),
+and is charged to that tier. The bytes are the ring model's (NCCL's ring, and gloo's ring all-reduce and
+all-gather), except that with --comm-backend gloo a reduce-scatter costs a whole all-reduce: ProcessGroupGloo's
+reduce_scatter_tensor clones the input, all-reduces it and keeps its own chunk (reduce_scatter_tensor_coalesced in
+torch/csrc/distributed/c10d/ProcessGroupGloo.cpp); the two-host rig's veth counter confirms it on the installed
+torch (benchmarks/link_probe.py --wire, tests/multinode/test_gloo_wire.py). Overlap: hidden = min(f x sum of T_c over overlappable collectives, T_comp),
 f = --assume overlap (0.8); the rest is exposed.
 
 Offload (ZeRO-Offload), not overlapped: PCIe: aΨt/N of gradients to the host and aΨt/N of updated parameters
 back per GPU (parameter offload adds aΨ/N per all-gather pass), at the PCIe bandwidth; CPU Adam: memory bound,
 L x Ψt/N x 30 bytes per node (--assume cpu_adam_bytes) at the node's memory bandwidth (--assume cpu_mem_gbs).
 
-Step = T_comp + exposed comm + T_offload. The dominant term is the largest of compute, intra-node comm,
-inter-node comm and offload (their full times, before overlap).
+Overhead: the seconds per step a strategy's framework spends beyond all that (hooks, bucket and flat-buffer
+copies, partitioned optimizer bookkeeping), 0 unless calibrated from a measured run of that strategy on one node
+(zero_kit.plan.calibration: measured step minus this model's step at the run's own layout). It is host work, so it
+runs while the ranks wait on a link: each collective waits T_c minus the time the host itself spends moving its
+bytes (bytes / host_copy rate; the ranks' CPUs do it with gloo on CPU ranks, none of it with NCCL), and
+
+    exposed overhead = max(0, overhead - sum of those waits).
+
+Found on the two-host rig (benchmarks/results/link_cap): the one-host overhead, added in full, overshot every
+ZeRO step at 200mbit by 20-56% while compute + comm alone matched; the slow link's wait absorbs it.
+
+Step = T_comp + exposed comm + T_offload + exposed overhead. The dominant term is the largest of compute, intra-node comm,
+inter-node comm, offload and overhead (their full times, before overlap).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from zero_kit.metrics import flops_per_token
 from zero_kit.plan.accounting import DTYPE_BYTES
@@ -39,7 +54,7 @@ from zero_kit.plan.traffic import Collective, TierBytes, collectives, tier_bytes
 from zero_kit.strategies import StrategyInfo
 
 __all__ = ["Collective", "CommTime", "StepTime", "collectives", "comm_time", "step_time"]
-TERMS = ("compute", "intra-node comm", "inter-node comm", "offload")
+TERMS = ("compute", "intra-node comm", "inter-node comm", "offload", "overhead")
 
 
 @dataclass(frozen=True)
@@ -53,9 +68,16 @@ class CommTime:
     tiers: TierBytes = TierBytes()
     """All ranks' bytes per tier (zero_kit.plan.traffic.tier_bytes)."""
 
+    copy_s: float = 0.0
+    """Of `seconds`, the time the host itself moves the bytes (Rates.host_copy_bytes_per_s); the rest is waiting."""
+
     @property
     def seconds(self) -> float:
         return max(self.intra_s, self.inter_s) + self.latency_s
+
+    @property
+    def wait_s(self) -> float:
+        return max(0.0, max(self.intra_s, self.inter_s) - self.copy_s)
 
     @property
     def tier(self) -> str:
@@ -69,6 +91,10 @@ class StepTime:
     hidden_s: float
     pcie_s: float = 0.0
     cpu_adam_s: float = 0.0
+    overhead_s: float = 0.0
+    """Calibrated framework seconds per step (module doc)."""
+    overhead_hidden_s: float = 0.0
+    """Of overhead_s, what runs while the ranks wait on a link (module doc)."""
     tokens_per_step: int = 0
     """Tokens all ranks process per step."""
     terms: dict[str, float] = field(default_factory=dict)
@@ -83,7 +109,7 @@ class StepTime:
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.comm_s - self.hidden_s + self.offload_s
+        return self.compute_s + self.comm_s - self.hidden_s + self.offload_s + self.overhead_s - self.overhead_hidden_s
 
     @property
     def tokens_per_s(self) -> float:
@@ -94,12 +120,21 @@ class StepTime:
         return max(TERMS, key=lambda name: self.terms[name])
 
 
+def on_the_wire(collective: Collective, backend: str) -> Collective:
+    """The collective as `backend` runs it: gloo's reduce-scatter is an all-reduce (module doc)."""
+    if backend == "gloo" and collective.kind == "reducescatter":
+        return replace(collective, kind="allreduce")
+    return collective
+
+
 def comm_time(collective: Collective, hardware: Hardware, rates: Rates) -> CommTime:
-    tiers = tier_bytes(collective, hardware.nodes, hardware.gpus_per_node)
+    tiers = tier_bytes(on_the_wire(collective, rates.comm_backend), hardware.nodes, hardware.gpus_per_node)
     intra = tiers.per_rank / rates.intra_bytes_per_s if tiers.intra_node else 0.0
     inter = tiers.inter_node / hardware.nodes / rates.inter_bytes_per_s if tiers.inter_node else 0.0
     latency = rates.latency_s * collective.calls if tiers.per_rank else 0.0
-    return CommTime(collective, tiers.per_rank, intra, inter, latency, tiers)
+    host = rates.host_copy_bytes_per_s
+    copy = max(tiers.per_rank, tiers.inter_node / hardware.nodes) / host if host else 0.0
+    return CommTime(collective, tiers.per_rank, intra, inter, latency, tiers, copy)
 
 
 def compute_seconds(work: Workload, rates: Rates) -> float:
@@ -142,5 +177,7 @@ def step_time(info: StrategyInfo, work: Workload, hardware: Hardware, rates: Rat
     for c in comms:
         terms[c.tier] += c.seconds
     terms["offload"] = pcie + adam
+    terms["overhead"] = overhead = rates.overhead_s.get(info.name, 0.0)
+    overlapped = min(overhead, sum(c.wait_s for c in comms)) if overhead > 0 else 0.0
     tokens = work.micro_batch * work.seq_len * hardware.world_size
-    return StepTime(compute, comms, hidden, pcie, adam, tokens, terms)
+    return StepTime(compute, comms, hidden, pcie, adam, overhead, overlapped, tokens, terms)

@@ -4,6 +4,7 @@ activation checkpointing. Shared by the memory, traffic and timing models of `ze
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from zero_kit.plan.shapes import LlamaShape, lora_trainable_params
 
@@ -24,3 +25,11 @@ class Workload:
             return None
         s = self.shape
         return lora_trainable_params(s.hidden_size, s.layers, self.lora_r, s.kv_size, s.intermediate_size)
+
+
+def from_record(record: dict[str, Any]) -> Workload:
+    """The Workload of a `zero-kit bench` record: its model's shape, sequence, micro batch and precision."""
+    model = record["model"]
+    shape = LlamaShape(model["hidden"], model["layers"], model["heads"], model["kv_heads"], model["intermediate"],
+                       model["vocab"], model.get("tie_word_embeddings", False))  # fmt: skip
+    return Workload(shape, model["n_params"], model["seq_len"], record["batch"]["micro"], record["precision"])
