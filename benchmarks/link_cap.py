@@ -99,10 +99,11 @@ def wire_tx_bytes(hosts: TwoHosts) -> list[int]:
 
 
 def calibrate(opts: BenchOptions, out: Path, port: int = ONE_HOST_PORT, strategies: str = "ddp") -> dict:
-    """`strategies` on one host with all 4 ranks (the compute rate and overheads under the same CPU sharing) and
-    the loopback probe, on root-namespace ports `port` and `port + 1`."""
-    one = dataclasses.replace(opts, strategies=strategies, nproc=2 * PER_HOST, master_port=port,
-                              out=str(out / "one_host"))  # fmt: skip
+    """`strategies` on one host with all 4 ranks (the compute rate and overheads under the same CPU sharing),
+    counted as 2 simulated nodes of 2 (bench --gpus-per-node) so that every strategy forms the process groups of
+    the two-host runs, and the loopback probe, on root-namespace ports `port` and `port + 1`."""
+    one = dataclasses.replace(opts, strategies=strategies, nproc=2 * PER_HOST, gpus_per_node=PER_HOST,
+                              master_port=port, out=str(out / "one_host"))  # fmt: skip
     _print(f"one host, 4 ranks: {strategies}")
     records = run_bench(one, progress=lambda line: None)
     failed = [r for r in records if r.get("failed")]
@@ -116,14 +117,14 @@ def calibrate(opts: BenchOptions, out: Path, port: int = ONE_HOST_PORT, strategi
 
 def run(strategies: list[str], rates: list[str], opts: BenchOptions, out: Path, prefix: str, subnet: int) -> dict:
     """Every strategy at every rate on one pair of hosts (the cap changes between rates, not the hosts)."""
-    rows, probes, wire = [], {}, {}
+    rows, probes, wires = [], {}, {}
     port = opts.master_port
     with two_hosts(prefix, subnet) as hosts:
         for rate in rates:
             for node in (0, 1):
                 set_rate(hosts, node, None if rate == "none" else rate)
             probes[rate] = probe_two_hosts(hosts, port, out / "logs" / f"probe_{rate}.log")
-            wire[rate] = probe_two_hosts(hosts, port + 1, out / "logs" / f"wire_{rate}.log", PER_HOST, wire=True)
+            wires[rate] = probe_two_hosts(hosts, port + 1, out / "logs" / f"wire_{rate}.log", PER_HOST, wire=True)
             port += 2
             _print(f"veth probe at {rate}: {probes[rate]['bytes_per_s'] / 1e6:.1f} MB/s")
             for name in strategies:
@@ -133,14 +134,14 @@ def run(strategies: list[str], rates: list[str], opts: BenchOptions, out: Path, 
                 port += 1
                 wire = [b - a for a, b in zip(before, wire_tx_bytes(hosts), strict=True)]
                 rows.append({"strategy": name, "rate": rate, "record": record, "wire_tx_bytes_per_run": wire})
-    return {"rows": rows, "inter_probes": probes, "wire": wire}
+    return {"rows": rows, "inter_probes": probes, "wire": wires}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rates", default="none,1gbit,200mbit", help="tbf rate per host egress; none = uncapped")
     parser.add_argument("--strategies", default=STRATEGIES)
-    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per run, 2 of them warm-up")
+    parser.add_argument("--steps", type=int, default=10, help="optimizer steps per run, 2 of them warm-up")
     parser.add_argument("--out", default="benchmarks/results/link_cap")
     parser.add_argument("--size", default="", help="hidden,layers of the tiny model (default: its own)")
     args = parser.parse_args()

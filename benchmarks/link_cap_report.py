@@ -2,8 +2,9 @@
 every run, with rates measured on the rig, next to the measured step time and the counted bytes per link tier.
 
 The planner is calibrated as `zero-kit plan --calibrate` does it (zero_kit.plan.calibration) from the one-host
-runs of the same 4 ranks: compute = the FLOP/s per rank at which it reproduces the one-host DDP step (its loopback
-all-reduce taken off), and with --one-host-overheads each strategy's overhead (its one-host step minus the model's).
+runs of the same 4 ranks, counted as 2 simulated nodes of 2 (the two-host runs' process groups, every link the
+loopback): compute = the FLOP/s per rank at which it reproduces the one-host DDP step (its loopback
+all-reduce taken off), and each strategy's overhead (its one-host step minus the model's).
 Rates (all stated in table.md): intra-node = the loopback probe (4 ranks on one host); inter-node = the veth probe
 uncapped, the tbf rate itself when capped (the rate per host egress); latency = the probed 4-byte all-reduce;
 collectives: gloo (a reduce-scatter is an all-reduce on the wire); overlap 0: the 4 ranks share 2 CPU cores, so
@@ -44,7 +45,7 @@ def rig_rates(flops_per_s: float, intra: dict, inter_bytes_per_s: float, source:
 
 
 def one_host_records(result: dict) -> list[dict]:
-    """The calibration run: every strategy on one host (--one-host-overheads), else the one-host DDP alone."""
+    """The calibration run: every strategy on one host, else (a DDP-only calibration) the one-host DDP alone."""
     return result.get("one_host_all") or [result["ddp_one_host"]]
 
 
@@ -59,7 +60,10 @@ def predict_rows(result: dict) -> None:
         annotate(group)
         inter = result["inter_probes"][rate]["bytes_per_s"] if rate == "none" else rate_bytes_per_s(rate)
         result["rates"]["inter_bytes_per_s"][rate] = inter
-        calibration = calibrate(one_host_records(result), "the one-host runs", rig_rates(1.0, intra, inter, ""))
+        # the one-host runs count 2 simulated nodes of 2 whose "inter-node" link is the loopback too
+        calibration = calibrate(
+            one_host_records(result), "the one-host runs", rig_rates(1.0, intra, intra["bytes_per_s"], "")
+        )
         result["rates"]["compute_flops_per_s"] = calibration.flops_per_s
         result["overhead_s"] = dict(calibration.overhead_s) if "one_host_all" in result else {}
         plain = rig_rates(calibration.flops_per_s, intra, inter, calibration.source)

@@ -23,22 +23,26 @@ import sys
 import time
 
 PAYLOAD_BYTES = 8 * 2**20
-REPEATS = 4
+REPEATS = 9
 WIRE_REPEATS = 3
 KINDS = ("allreduce", "allgather", "reducescatter")
 
 
 def _timed(tensor, repeats: int) -> float:
+    """Median seconds of one all-reduce (each call timed alone: a call slowed by the shared CPU does not count)."""
+    import statistics
+
     import torch.distributed as dist
 
     for _ in range(2):  # warm-up: connections, buffers
         dist.all_reduce(tensor)
-    dist.barrier()
-    start = time.perf_counter()
+    times = []
     for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
         dist.all_reduce(tensor)
-    dist.barrier()
-    return (time.perf_counter() - start) / repeats
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def _collective(kind: str, world: int):

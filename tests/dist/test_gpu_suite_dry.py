@@ -45,6 +45,11 @@ def test_dry_run_writes_one_valid_record_per_part(tmp_path):
     assert by["train"]["data"]["runs"]["zero3"]["reload"]["ok"]
     assert by["environment"]["data"]["matmul"]["tflops"] > 0
     assert (out / "summary.md").exists() and (out / "correctness.png").exists()
+    # the planner reads this very file: a dry run measured no GPU constant, and it says so
+    plan = subprocess.run([sys.executable, "-m", "zero_kit.cli", "plan", "--params", "1e9", "--gpu-mem", "80GB",
+                           "--gpu-record", str(out / "suite.jsonl")], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)  # fmt: skip
+    assert plan.returncode == 2 and "--gpu-record" in plan.stderr and "did not measure (skipped" in plan.stderr
 
 
 def test_schema_check_names_what_is_wrong():

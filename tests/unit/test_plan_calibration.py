@@ -128,3 +128,51 @@ def test_cli_calibrates_overheads_and_takes_the_comm_backend(capsys, tmp_path):
     with pytest.raises(SystemExit) as bad:
         main([*argv, "--comm-backend", "mpi"])
     assert bad.value.code == 2 and "--comm-backend" in capsys.readouterr().err
+
+
+def _suite_record(status="ok", **data):
+    """The planner part of a GPU suite's suite.jsonl (benchmarks/gpu/parts_bench.planner), schema-checked below."""
+    reason = None if status == "ok" else "skipped: no CUDA"
+    return {"part": "planner", "status": status, "reason": reason, "wall_s": 1.0, "dry_run": False,
+            "data": {"comparisons": [], "overhead": {}, "targets": {}, **data}, "versions": {},
+            "hardware": {"gpu": "NVIDIA H100 80GB HBM3"}}  # fmt: skip
+
+
+def test_gpu_record_replaces_the_stated_constants(capsys, tmp_path):
+    from benchmarks.gpu.common import check_record
+
+    overhead = {"context_bytes": 500 * 2**20, "nccl_delta": 268 * 2**20, "status": "ok"}
+    comparisons = [{"measured_allocated": 10.0, "measured_reserved": 11.0},
+                   {"measured_allocated": 10.0, "measured_reserved": 10.2}]  # fmt: skip
+    record = _suite_record(overhead=overhead, comparisons=comparisons)
+    assert check_record(record) == []
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text(json.dumps({"part": "environment"}) + "\n" + json.dumps(record) + "\n")
+    argv = ["plan", "--params", "1e9", "--gpu-mem", "80GB", "--json", "--gpu-record", str(suite)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assume = json.loads(captured.out)["hardware"]["assume"]
+    assert assume["cuda_context_nccl_gib"] == pytest.approx(0.75)  # (500 + 268) MiB
+    assert assume["allocator_slack"] == pytest.approx(0.10)  # the larger reserved/allocated - 1
+    assert "measured on NVIDIA H100" in captured.err
+    assert main([*argv, "--assume", "allocator_slack=0.2"]) == 0  # what the user states wins
+    assume = json.loads(capsys.readouterr().out)["hardware"]["assume"]
+    assert assume["allocator_slack"] == 0.2 and assume["cuda_context_nccl_gib"] == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize(
+    ("lines", "says"),
+    [
+        ([_suite_record("skipped")], "did not measure (skipped: skipped: no CUDA)"),
+        ([_suite_record()], "recorded neither"),
+        ([{"part": "environment"}], "no record of the suite's planner part"),
+        (None, "no such file"),
+    ],
+)
+def test_gpu_record_without_measurements_is_refused(capsys, tmp_path, lines, says):
+    suite = tmp_path / "suite.jsonl"
+    if lines is not None:
+        suite.write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    assert main(["plan", "--params", "1e9", "--gpu-mem", "80GB", "--gpu-record", str(suite)]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu-record" in err and says in err

@@ -58,6 +58,9 @@ class PlanOptions:
     calibrate: str | None = None
     """A `zero-kit bench` results.jsonl: the achieved FLOP/s of its DDP (else ZeRO-0) record replace peak x MFU;
     for the same model, sequence and micro batch, each strategy's measured overhead per step is added too."""
+    gpu_record: str | None = None
+    """A GPU suite's suite.jsonl (benchmarks/gpu/suite.py): the CUDA context + NCCL memory and the allocator slack
+    it measured replace the stated constants (an --assume of the same key wins)."""
     comm_backend: Literal["nccl", "gloo"] = "nccl"
     """Collective library, for its algorithms: nccl (GPUs), or gloo (CPU ranks: a reduce-scatter is an
     all-reduce)."""
@@ -174,18 +177,45 @@ def read_calibration(path: str, rates) -> tuple[object, list[UserError]]:
         return None, [
             UserError(f"--calibrate {path}: no such file", "pass the results.jsonl of a `zero-kit bench` run")
         ]
-    records = []
-    for line in file.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue  # a torn last line of an interrupted run: the other records still count
+    records = read_jsonl(file)
     found = calibrate(records, file.name, rates)
     if found is None:
         fix = "run `zero-kit bench --strategies ddp ...` and pass its results.jsonl"
         why = "a ddp or zero0 record with flops_per_token and tokens_per_s.per_rank"
         return None, [UserError(f"--calibrate {path}: no usable record ({len(records)} read; need {why})", fix)]
     return found, []
+
+
+def read_jsonl(file: Path) -> list:
+    records = []
+    for line in file.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # a torn last line of an interrupted run: the other records still count
+    return records
+
+
+def read_gpu_record(path: str, assume, items: list[str]):
+    """(Assumptions with the measured constants, problems): keys given with --assume stay as given."""
+    from dataclasses import replace
+
+    from zero_kit.plan.assumptions import measured_on_gpu
+
+    file = Path(path)
+    fix = "pass the suite.jsonl of `python benchmarks/gpu/suite.py` run on a GPU"
+    if not file.is_file():
+        return assume, [UserError(f"--gpu-record {path}: no such file", fix)]
+    try:
+        values, source = measured_on_gpu(read_jsonl(file))
+    except ValueError as e:
+        return assume, [UserError(f"--gpu-record {path}: {e}", fix)]
+    given = {item.partition("=")[0].strip().replace("-", "_") for item in items}
+    taken = {k: v for k, v in values.items() if k not in given}
+    if taken:
+        shown = ", ".join(f"{k}={v:.3g}" for k, v in taken.items())
+        print(f"zero-kit plan: {shown} {source} ({path})", file=sys.stderr)
+    return replace(assume, **taken), []
 
 
 def build_rates(opts: PlanOptions, assume, precision: str):
@@ -218,6 +248,9 @@ def build_inputs(opts: PlanOptions):
     items = [item for item in (opts.assume or "").split(",") if item.strip()]
     assume, assume_problems = parse_assume(items)
     problems += [UserError(text, "see zero-kit plan --help for the keys") for text in assume_problems]
+    if opts.gpu_record:
+        assume, found = read_gpu_record(opts.gpu_record, assume, items)
+        problems += found
     rates = build_rates(opts, assume, opts.precision)
     calibration = None
     if opts.calibrate:

@@ -84,3 +84,39 @@ def describe(assume: Assumptions) -> str:
             continue
         parts.append(f"{f.name}={value:g}" + ("*" if f.name in changed else ""))
     return "assumed (--assume KEY=VALUE; * = overridden): " + ", ".join(parts)
+
+
+MEASURED_KEYS = ("cuda_context_nccl_gib", "allocator_slack")
+
+
+def measured_on_gpu(records: list[object]) -> tuple[dict[str, float], str]:
+    """The constants a GPU suite run measured (benchmarks/gpu/suite.py's suite.jsonl, its "planner" part), as
+    --assume values, and where they come from. CUDA context + NCCL: the memory a fresh process holds after
+    creating its context (above what other processes held) plus what its first NCCL communicator took; allocator
+    slack: the largest reserved / allocated - 1 over the suite's planner runs. Raises ValueError saying why when
+    the records hold no such measurement."""
+    planner = next((r for r in records if isinstance(r, dict) and r.get("part") == "planner"), None)
+    if planner is None:
+        raise ValueError("no record of the suite's planner part")
+    if planner.get("status") != "ok":
+        raise ValueError(f"its planner part did not measure ({planner.get('status')}: {planner.get('reason')})")
+    data = planner.get("data") or {}
+    overhead = data.get("overhead") or {}
+    values: dict[str, float] = {}
+    context = overhead.get("context_bytes", overhead.get("used_after_context"))
+    if _number(context):
+        nccl = overhead.get("nccl_delta")
+        values["cuda_context_nccl_gib"] = (context + (max(nccl, 0) if _number(nccl) else 0)) / GIB
+    slack = [c["measured_reserved"] / c["measured_allocated"] - 1 for c in data.get("comparisons", [])
+             if isinstance(c, dict) and _number(c.get("measured_reserved")) and _number(c.get("measured_allocated"))
+             and c["measured_allocated"] > 0]  # fmt: skip
+    if slack:
+        values["allocator_slack"] = min(1.0, max(0.0, max(slack)))
+    if not values:
+        raise ValueError("its planner part recorded neither the context/NCCL memory nor a reserved/allocated pair")
+    gpu = (planner.get("hardware") or {}).get("gpu") or "a GPU"
+    return values, f"measured on {gpu}"
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0

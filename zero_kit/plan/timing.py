@@ -35,8 +35,8 @@ bytes (bytes / host_copy rate; the ranks' CPUs do it with gloo on CPU ranks, non
 
     exposed overhead = max(0, overhead - sum of those waits).
 
-Found on the two-host rig (benchmarks/results/link_cap): the one-host overhead, added in full, overshot every
-ZeRO step at 200mbit by 20-56% while compute + comm alone matched; the slow link's wait absorbs it.
+Found on the two-host rig (benchmarks/results/link_cap): the one-host overhead, added in full, overshoots every
+strategy at 200mbit (up to +40-58% for ZeRO-3) while compute + comm alone match; the slow link's wait absorbs it.
 
 Step = T_comp + exposed comm + T_offload + exposed overhead. The dominant term is the largest of compute, intra-node comm,
 inter-node comm, offload and overhead (their full times, before overlap).
