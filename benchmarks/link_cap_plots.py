@@ -54,7 +54,7 @@ def plot_predicted(result: dict, path: Path) -> None:
         extra = [r for r in group if "predicted_with_overhead_s" in r]
         if extra:
             ax.scatter([r["record"]["step_time_s"] for r in extra], [r["predicted_with_overhead_s"] for r in extra],
-                       marker=marker, facecolors="none", edgecolors="black", label=f"{rate}, planner + overhead")  # fmt: skip
+                       marker=marker, facecolors="none", edgecolors="black", label=f"{rate}, + calibrated overhead")  # fmt: skip
     values = [r["record"]["step_time_s"] for r in rows] + [r["predicted_step_s"] for r in rows]
     lo, hi = min(values) * 0.8, max(values) * 1.25
     ax.plot([lo, hi], [lo, hi], color="black", linewidth=1)
@@ -64,7 +64,7 @@ def plot_predicted(result: dict, path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("measured step time (s)")
     ax.set_ylabel("predicted step time (s)")
-    ax.set_title("Planner vs measured, 2 hosts x 2 ranks (filled: planner; hollow: + one-host overhead)")
+    ax.set_title("Planner vs measured, 2 hosts x 2 ranks", fontsize=10)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
