@@ -86,9 +86,6 @@ def describe(assume: Assumptions) -> str:
     return "assumed (--assume KEY=VALUE; * = overridden): " + ", ".join(parts)
 
 
-MEASURED_KEYS = ("cuda_context_nccl_gib", "allocator_slack")
-
-
 def measured_on_gpu(records: list[object]) -> tuple[dict[str, float], str]:
     """The constants a GPU suite run measured (benchmarks/gpu/suite.py's suite.jsonl, its "planner" part), as
     --assume values, and where they come from. CUDA context + NCCL: the memory a fresh process holds after

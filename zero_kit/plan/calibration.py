@@ -5,10 +5,14 @@ Compute: the FLOP/s at which zero_kit.plan.timing reproduces the DDP step at the
 all-reduce (at the given rates) taken off; when the rates leave no time for compute, the whole step (the
 rates then do not describe the machine the run was on).
 
-Overhead per strategy: measured step minus the model's step for that record (its layout, the calibrated compute,
-the given rates). On one node this is the framework's own work per step: DeepSpeed's and FSDP2's hooks,
-flat-buffer and bucket copies, partitioned optimizer bookkeeping. It is a constant in seconds, so it holds for the
-model, sequence and micro batch of the run: `zero-kit plan --calibrate` applies it only to that model.
+Overhead per strategy: what its measured step spends beyond the model's step for that record (its layout, the
+calibrated compute, the given rates): the framework's own work per step, DeepSpeed's and FSDP2's hooks,
+flat-buffer and bucket copies, partitioned optimizer bookkeeping. The model lets the overhead run while the ranks
+wait on a link (zero_kit.plan.timing), so where the record's step has waits W and runs d = measured - model
+seconds longer, the overhead is d + W (only its part beyond the waits showed); then the model reproduces every
+calibration record exactly. A negative d (faster than the model) is kept as it is. The overhead is a constant in
+seconds, so it holds for the model, sequence and micro batch of the run: `zero-kit plan --calibrate` applies it
+only to that model.
 """
 
 from __future__ import annotations
@@ -58,22 +62,30 @@ def calibrate(records: list[dict], origin: str, rates: Rates) -> Calibration | N
     if compute > 0:
         flops = compute_seconds(work, replace(rates, flops_per_s=1.0)) / compute
     calibrated = replace(rates, flops_per_s=flops, overhead_s={})
-    overheads = {r["strategy"]: r["step_time_s"] - _model_step(r, calibrated) for r in usable
-                 if _has_shape(r) and from_record(r) == work}  # fmt: skip
+    overheads = {r["strategy"]: _overhead(r, calibrated) for r in usable if _has_shape(r) and from_record(r) == work}
     source = f"calibrated from {where}, its comm at these rates taken off: {flops / 1e12:.3g} TFLOP/s"
     return Calibration(flops, source, overheads, work)
 
 
-def _model_step(record: dict, rates: Rates) -> float:
-    return step_time(STRATEGIES[record["strategy"]], from_record(record), layout_of(record), rates).step_s
+def _overhead(record: dict, rates: Rates) -> float:
+    """The overhead that makes the model reproduce `record` (module doc)."""
+    model = step_time(STRATEGIES[record["strategy"]], from_record(record), layout_of(record), rates)
+    beyond = record["step_time_s"] - model.step_s
+    return beyond + sum(c.wait_s for c in model.comms) if beyond > 0 else beyond
+
+
+MODEL_KEYS = ("n_params", "layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "seq_len")
 
 
 def _has_shape(record: dict) -> bool:
-    model = record.get("model")
+    model, batch = record.get("model"), record.get("batch")
     return (
         isinstance(model, dict)
-        and "intermediate" in model
-        and record.get("batch", {}).get("grad_accum") == 1  # the traffic model counts one micro batch per step
+        and all(isinstance(model.get(k), int) for k in MODEL_KEYS)
+        and isinstance(batch, dict)
+        and isinstance(batch.get("micro"), int)
+        and batch.get("grad_accum") == 1  # the traffic model counts one micro batch per step
+        and record.get("precision") in ("bf16", "fp16", "fp32")
         and isinstance(record.get("step_time_s"), int | float)
         and record["step_time_s"] > 0
     )

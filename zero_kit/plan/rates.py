@@ -68,8 +68,9 @@ class Rates:
     """Seconds per step per strategy name that compute and communication do not explain, calibrated from a
     measured run (zero_kit.plan.calibration); 0 for a strategy not in it."""
     host_copy_bytes_per_s: float | None = None
-    """How fast the ranks' own CPUs move a collective's bytes (CPU ranks: the uncapped link); comm time beyond it
-    is waiting on the link, which the overhead overlaps. None: the host moves none of them (NCCL's kernels do)."""
+    """How fast the ranks' own CPUs move a collective's bytes (CPU ranks: what they move with no link limiting
+    them, e.g. the loopback); comm time beyond it is waiting on the link, which the overhead overlaps. None: the
+    host moves none of them (NCCL's kernels do)."""
 
 
 def peak_of(spec: GpuSpec, precision: str) -> float:
