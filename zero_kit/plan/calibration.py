@@ -71,7 +71,9 @@ def _overhead(record: dict, rates: Rates) -> float:
     """The overhead that makes the model reproduce `record` (module doc)."""
     model = step_time(STRATEGIES[record["strategy"]], from_record(record), layout_of(record), rates)
     beyond = record["step_time_s"] - model.step_s
-    return beyond + sum(c.wait_s for c in model.comms) if beyond > 0 else beyond
+    if beyond <= 1e-9 * record["step_time_s"]:  # faster than the model, or the base record (rounding)
+        return min(beyond, 0.0)
+    return beyond + sum(c.wait_s for c in model.comms)
 
 
 MODEL_KEYS = ("n_params", "layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "seq_len")
