@@ -55,17 +55,17 @@ def predict_rows(result: dict) -> None:
     intra = result["intra_probe"]
     result["rates"] = {"intra_bytes_per_s": intra["bytes_per_s"], "latency_s": intra["latency_s"], "overlap": 0.0,
                        "inter_bytes_per_s": {}}  # fmt: skip
+    # the one-host runs count 2 simulated nodes of 2 whose "inter-node" link is the loopback too
+    calibration = calibrate(
+        one_host_records(result), "the one-host runs", rig_rates(1.0, intra, intra["bytes_per_s"], "")
+    )
+    result["rates"]["compute_flops_per_s"] = calibration.flops_per_s
+    result["overhead_s"] = dict(calibration.overhead_s) if "one_host_all" in result else {}
     for rate in dict.fromkeys(r["rate"] for r in result["rows"]):
         group = [r["record"] for r in result["rows"] if r["rate"] == rate and r["record"]]
         annotate(group)
         inter = result["inter_probes"][rate]["bytes_per_s"] if rate == "none" else rate_bytes_per_s(rate)
         result["rates"]["inter_bytes_per_s"][rate] = inter
-        # the one-host runs count 2 simulated nodes of 2 whose "inter-node" link is the loopback too
-        calibration = calibrate(
-            one_host_records(result), "the one-host runs", rig_rates(1.0, intra, intra["bytes_per_s"], "")
-        )
-        result["rates"]["compute_flops_per_s"] = calibration.flops_per_s
-        result["overhead_s"] = dict(calibration.overhead_s) if "one_host_all" in result else {}
         plain = rig_rates(calibration.flops_per_s, intra, inter, calibration.source)
         with_overhead = replace(plain, overhead_s=result["overhead_s"])
         for row in result["rows"]:

@@ -20,8 +20,10 @@ and is charged to that tier. The bytes are the ring model's (NCCL's ring, and gl
 all-gather), except that with --comm-backend gloo a reduce-scatter costs a whole all-reduce: ProcessGroupGloo's
 reduce_scatter_tensor clones the input, all-reduces it and keeps its own chunk (reduce_scatter_tensor_coalesced in
 torch/csrc/distributed/c10d/ProcessGroupGloo.cpp); the two-host rig's veth counter confirms it on the installed
-torch (benchmarks/link_probe.py --wire, tests/multinode/test_gloo_wire.py). Overlap: hidden = min(f x sum of T_c over overlappable collectives, T_comp),
-f = --assume overlap (0.8); the rest is exposed.
+torch (benchmarks/link_probe.py --wire, tests/multinode/test_gloo_wire.py).
+
+Overlap: hidden = min(f x sum of T_c over overlappable collectives, T_comp), f = --assume overlap (0.8); the rest
+is exposed.
 
 Offload (ZeRO-Offload), not overlapped: PCIe: aΨt/N of gradients to the host and aΨt/N of updated parameters
 back per GPU (parameter offload adds aΨ/N per all-gather pass), at the PCIe bandwidth; CPU Adam: memory bound,
@@ -38,8 +40,8 @@ bytes (bytes / host_copy rate; the ranks' CPUs do it with gloo on CPU ranks, non
 Found on the two-host rig (benchmarks/results/link_cap): the one-host overhead, added in full, overshoots every
 strategy at 200mbit (up to +40-58% for ZeRO-3) while compute + comm alone match; the slow link's wait absorbs it.
 
-Step = T_comp + exposed comm + T_offload + exposed overhead. The dominant term is the largest of compute, intra-node comm,
-inter-node comm, offload and overhead (their full times, before overlap).
+Step = T_comp + exposed comm + T_offload + exposed overhead. The dominant term is the largest of compute,
+intra-node comm, inter-node comm, offload and overhead (their full times, before overlap).
 """
 
 from __future__ import annotations
@@ -93,8 +95,6 @@ class StepTime:
     cpu_adam_s: float = 0.0
     overhead_s: float = 0.0
     """Calibrated framework seconds per step (module doc)."""
-    overhead_hidden_s: float = 0.0
-    """Of overhead_s, what runs while the ranks wait on a link (module doc)."""
     tokens_per_step: int = 0
     """Tokens all ranks process per step."""
     terms: dict[str, float] = field(default_factory=dict)
@@ -110,6 +110,11 @@ class StepTime:
     @property
     def step_s(self) -> float:
         return self.compute_s + self.comm_s - self.hidden_s + self.offload_s + self.overhead_s - self.overhead_hidden_s
+
+    @property
+    def overhead_hidden_s(self) -> float:
+        """Of overhead_s, what runs while the ranks wait on a link (module doc)."""
+        return min(self.overhead_s, sum(c.wait_s for c in self.comms)) if self.overhead_s > 0 else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -178,6 +183,5 @@ def step_time(info: StrategyInfo, work: Workload, hardware: Hardware, rates: Rat
         terms[c.tier] += c.seconds
     terms["offload"] = pcie + adam
     terms["overhead"] = overhead = rates.overhead_s.get(info.name, 0.0)
-    overlapped = min(overhead, sum(c.wait_s for c in comms)) if overhead > 0 else 0.0
     tokens = work.micro_batch * work.seq_len * hardware.world_size
-    return StepTime(compute, comms, hidden, pcie, adam, overhead, overlapped, tokens, terms)
+    return StepTime(compute, comms, hidden, pcie, adam, overhead, tokens, terms)
