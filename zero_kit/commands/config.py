@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from zero_kit.config.builder import accelerate_yaml, build_ds_config, dumps, resolve_world_size
+from zero_kit.config.builder import accelerate_yaml, dumps, generate, resolve_world_size
 from zero_kit.config.spec import ZeroSpec
 from zero_kit.errors import UserError
 from zero_kit.options import add_dataclass_arguments, dataclass_from_args
@@ -78,7 +78,10 @@ def _write(path: str, text: str, flag: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
-    text = dumps(build_ds_config(spec))
+    generated = generate(spec)
+    for warning in generated.warnings:  # the linter's warnings, as `zero-kit validate` gives them for the JSON
+        print(f"zero-kit config: warning: {warning}", file=sys.stderr)
+    text = dumps(generated.config)
     if not args.output:
         sys.stdout.write(text)
         return 0

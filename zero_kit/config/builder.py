@@ -1,4 +1,5 @@
 """`build_ds_config(spec) -> dict`: the DeepSpeed JSON for a `ZeroSpec`. Pure: no I/O, no env, no torch.
+`generate` also returns the linter's warnings; both refuse what the linter calls an error (`rulebook`).
 
 One place for each derived fact: batch arithmetic in `resolve_batch`, bucket sizes in `bucket_sizes`,
 the world size in `resolve_world_size`. The CLI edge reads files and the environment and passes values in.
@@ -7,13 +8,14 @@ the world size in `resolve_world_size`. The CLI edge reads files and the environ
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from zero_kit.config.checks import flag_problems, number_problems
+from zero_kit.config.rulebook import lint_generated
 from zero_kit.config.spec import ZeroSpec
-from zero_kit.config.zeropp import low_precision_sections, zeropp_problems, zeropp_zero_keys
+from zero_kit.config.zeropp import low_precision_sections, zeropp_zero_keys
 from zero_kit.errors import BatchSizeError, UserError, raise_all
 
 AUTO = "auto"
@@ -113,94 +115,6 @@ def bucket_sizes(hidden_size: int) -> dict[str, int]:
     }
 
 
-def _number_problems(spec: ZeroSpec) -> list[UserError]:
-    """Counts must be positive integers and rates finite, before any arithmetic uses them."""
-    counts = {
-        "--micro-batch": spec.micro_batch,
-        "--grad-accum": spec.grad_accum,
-        "--global-batch": spec.global_batch,
-        "--world-size": spec.world_size,
-        "--nodes": spec.nodes,
-        "--gpus-per-node": spec.gpus_per_node,
-        "--hidden-size": spec.hidden_size,
-    }
-    problems = [
-        UserError(f"{flag} must be a positive integer, got {value}", f"pass {flag} 1 or more, or leave it out")
-        for flag, value in counts.items()
-        if value is not None and value < 1
-    ]
-    for flag, value in (("--lr", spec.lr), ("--weight-decay", spec.weight_decay)):
-        if not math.isfinite(value) or value < 0:
-            problems.append(
-                UserError(f"{flag} must be a finite number >= 0, got {value}", f"pass a value such as {flag} 0.01")
-            )
-    if not math.isfinite(spec.gradient_clipping) or spec.gradient_clipping < 0:
-        problems.append(
-            UserError(
-                f"--gradient-clipping must be a finite number >= 0, got {spec.gradient_clipping}",
-                "pass --gradient-clipping 1.0, or 0 to disable clipping",
-            )
-        )
-    return problems
-
-
-def _offload_problems(spec: ZeroSpec) -> list[UserError]:
-    """Offload choices DeepSpeed would reject or silently ignore at this stage."""
-    problems = []
-    if spec.offload_param != "none" and spec.stage != 3:
-        problems.append(
-            UserError(
-                f"--offload-param {spec.offload_param} needs --stage 3 (got --stage {spec.stage}): only ZeRO-3"
-                " partitions parameters",
-                "use --stage 3, or drop --offload-param",
-            )
-        )
-    if spec.offload_optimizer != "none" and spec.stage == 0:
-        problems.append(
-            UserError(
-                f"--offload-optimizer {spec.offload_optimizer} needs --stage 1 or more (got --stage 0)",
-                "use --stage 1, 2 or 3, or drop --offload-optimizer",
-            )
-        )
-    if spec.offload_optimizer == "nvme" and spec.stage != 3:
-        problems.append(
-            UserError(
-                f"--offload-optimizer nvme needs --stage 3 (got --stage {spec.stage}); stages 1-2 offload to cpu only",
-                "use --stage 3, or --offload-optimizer cpu",
-            )
-        )
-    uses_nvme = "nvme" in (spec.offload_optimizer, spec.offload_param)
-    if uses_nvme and not spec.nvme_path:
-        chosen = " and ".join(
-            f"--{k} nvme"
-            for k in ("offload-optimizer", "offload-param")
-            if getattr(spec, k.replace("-", "_")) == "nvme"
-        )
-        problems.append(
-            UserError(f"{chosen} needs --nvme-path DIR", "pass --nvme-path pointing at a local NVMe directory")
-        )
-    if spec.nvme_path and not uses_nvme:
-        problems.append(
-            UserError(
-                "--nvme-path is only used with --offload-optimizer nvme or --offload-param nvme",
-                "drop --nvme-path, or choose nvme offload",
-            )
-        )
-    return problems
-
-
-def check_spec(spec: ZeroSpec) -> None:
-    """Refuse option combinations DeepSpeed would reject or silently ignore, naming the flags: every problem at once."""
-    problems = _number_problems(spec)
-    if spec.stage not in (0, 1, 2, 3):
-        problems.append(UserError(f"--stage must be 0, 1, 2 or 3, got {spec.stage}", "pick a ZeRO stage from 0 to 3"))
-    else:
-        problems += _offload_problems(spec)
-        if not problems:
-            problems += zeropp_problems(spec, _known_world_size(spec))
-    raise_all(problems, "in the config options")
-
-
 def _known_world_size(spec: ZeroSpec) -> int | None:
     """The world size when the flags give one (a contradiction among them is reported by the batch section)."""
     if all(v is None for v in (spec.world_size, spec.nodes, spec.gpus_per_node)):
@@ -213,7 +127,7 @@ def _known_world_size(spec: ZeroSpec) -> int | None:
 
 def _offload(device: str, spec: ZeroSpec) -> dict[str, Any]:
     section: dict[str, Any] = {"device": device, "pin_memory": spec.pin_memory}
-    if device == "nvme":
+    if device == "nvme" and spec.nvme_path:  # without it, the linter's NVMe rule names --nvme-path
         section["nvme_path"] = spec.nvme_path
     return section
 
@@ -311,11 +225,38 @@ class RunAdjustments:
     """zero_optimization keys a named variant changes (the strategy registry's zero_overrides)."""
 
 
+@dataclass(frozen=True)
+class Generated:
+    """A generated config and the rule book's warnings about it, in flag words (errors were refused)."""
+
+    config: dict[str, Any]
+    warnings: tuple[str, ...] = ()
+
+
+def generate(spec: ZeroSpec, run: RunAdjustments | None = None) -> Generated:
+    """The DeepSpeed config for `spec` (adjusted for `run`), linted by the rule book `zero-kit validate` uses.
+    Raises UserError / BatchSizeError listing every problem at once: the flag checks (`checks`), then whatever the
+    linter calls an error in the written keys, named by flag (`rulebook`). The linter's warnings come back."""
+    raise_all(number_problems(spec), "in the config options")  # the rest does arithmetic with these numbers
+    problems = flag_problems(spec)
+    try:
+        config = _map_options(spec, run or RunAdjustments())
+    except UserError as err:
+        raise_all([*problems, err], "in the config options")
+        raise
+    errors, warnings = lint_generated(config, spec, _known_world_size(spec))
+    raise_all(problems + errors, "in the config options")
+    return Generated(config, tuple(warnings))
+
+
 def build_ds_config(spec: ZeroSpec, run: RunAdjustments | None = None) -> dict[str, Any]:
-    """The DeepSpeed config for `spec` (adjusted for `run`). Raises UserError / BatchSizeError for impossible
-    combinations."""
-    check_spec(spec)
-    run = run or RunAdjustments()
+    """The DeepSpeed config for `spec` (adjusted for `run`); `generate` without the warnings. Raises UserError /
+    BatchSizeError for impossible combinations."""
+    return generate(spec, run).config
+
+
+def _map_options(spec: ZeroSpec, run: RunAdjustments) -> dict[str, Any]:
+    """Options to keys, unjudged (the batch and world flags are resolved here, and refused if they contradict)."""
     config: dict[str, Any] = _batch_section(spec)
     config["gradient_clipping"] = AUTO if spec.hf_auto else spec.gradient_clipping
     config.update(_precision_sections(spec))

@@ -1,4 +1,5 @@
-"""Lint DeepSpeed configs before launch: the strict reader (`read_config`), the rules (`lint`), and
+"""Lint DeepSpeed configs before launch: the strict reader (`read_config`), the rules (`lint`; the rule book alone,
+without DeepSpeed, is `check_rules`, which the config generator runs on its own output), and
 `load_checked`, which every entry point that takes a config file from a user goes through."""
 
 from __future__ import annotations
@@ -7,11 +8,21 @@ from pathlib import Path
 from typing import Any
 
 from zero_kit.errors import UserError
-from zero_kit.lint.core import lint
+from zero_kit.lint.core import check_rules, lint
 from zero_kit.lint.problem import LintContext, Problem, Target
 from zero_kit.lint.reader import Unreadable, read_config
 
-__all__ = ["LintContext", "Problem", "Target", "Unreadable", "lint", "lint_file", "load_checked", "read_config"]
+__all__ = [
+    "LintContext",
+    "Problem",
+    "Target",
+    "Unreadable",
+    "check_rules",
+    "lint",
+    "lint_file",
+    "load_checked",
+    "read_config",
+]
 
 
 def lint_file(path: str | Path, context: LintContext) -> tuple[Any, list[Problem]]:

@@ -56,8 +56,6 @@ from zero_kit.lint.problem import ROOT, LintContext, Problem
 
 def lint(config: Any, context: LintContext | None = None) -> list[Problem]:
     """Every problem in `config` (a parsed DeepSpeed JSON), errors and warnings, in one list."""
-    # The rule modules build on Problem and the helpers above, so they are imported here, not at the top.
-
     context = context or LintContext()
     if not isinstance(config, dict):
         kind = type(config).__name__
@@ -72,7 +70,26 @@ def lint(config: Any, context: LintContext | None = None) -> list[Problem]:
         ]
     problems, autos, dropped = lint_schema.check_schema(config, context.target)
     problems += lint_rules.auto_rules(autos, dropped, context.target)
-    problems += lint_rules.non_finite(config, "")
+    rule_problems, world_size = _rule_pass(config, context)
+    problems += rule_problems
+    problems += lint_rules.dtype_rules(config)
+    problems = _dedupe(problems)
+    if not any(p.severity == "error" for p in problems):
+        problems += ds_parse.check_with_deepspeed(config, world_size, autos)
+    return problems
+
+
+def check_rules(config: dict, context: LintContext | None = None) -> list[Problem]:
+    """The rule book alone: the rules about values and their combinations (batch arithmetic, precision, offload and
+    stage, ZeRO++, low-precision states, scheduler), without DeepSpeed's schema or its own parse. Needs neither
+    torch nor deepspeed (milliseconds), so the generator runs it on every config it writes; `lint` runs the same
+    rules, so the generator and `zero-kit validate` cannot disagree on them."""
+    return _dedupe(_rule_pass(config, context or LintContext())[0])
+
+
+def _rule_pass(config: dict, context: LintContext) -> tuple[list[Problem], int]:
+    """The rules (in `lint`'s order) and the world size to give DeepSpeed's own parse."""
+    problems = lint_rules.non_finite(config, "")
     batch_problems, world_size = rules_batch.batch_rules(config, context)
     problems += batch_problems
     problems += rules_batch.integration_batch_rules(config, context)
@@ -80,11 +97,7 @@ def lint(config: Any, context: LintContext | None = None) -> list[Problem]:
     problems += rules_zero.zero_rules(config, context.target)
     problems += rules_zeropp.zeropp_rules(config, context)
     problems += lint_rules.scheduler_rules(config)
-    problems += lint_rules.dtype_rules(config)
-    problems = _dedupe(problems)
-    if not any(p.severity == "error" for p in problems):
-        problems += ds_parse.check_with_deepspeed(config, world_size, autos)
-    return problems
+    return problems, world_size
 
 
 def _dedupe(problems: list[Problem]) -> list[Problem]:

@@ -23,7 +23,6 @@ import sys
 from collections.abc import KeysView
 from dataclasses import dataclass, field
 from typing import Any
-from unittest import mock
 
 
 @functools.cache
@@ -170,6 +169,8 @@ def quiet():
 def deepspeed_parse(config: dict, world_size: int) -> str | None:
     """Run DeepSpeed's own `DeepSpeedConfig` parse at `world_size`; its error message, or None if it accepts."""
     import_deepspeed()
+    from unittest import mock  # here, not at the top: it costs `zero-kit config` ~50 ms (asyncio)
+
     import deepspeed.runtime.config as ds_config
 
     with quiet(), mock.patch.object(ds_config, "dist", _FakeDist(world_size)):
@@ -210,6 +211,8 @@ def discover() -> Schema:
     from deepspeed.runtime.config_utils import DeepSpeedConfigModel
 
     rec = _Recorder()
+    from unittest import mock
+
     with mock.patch.object(DeepSpeedConfigModel, "__init__", _patched_model_init(rec, DeepSpeedConfigModel.__init__)):
         _parse_quietly(_Probe(dict(_BATCH), rec, ""))
         explored: set[str] = set()

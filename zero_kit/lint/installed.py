@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib.metadata
+import importlib
 import inspect
 import json
 import re
@@ -30,6 +30,8 @@ _NUMERIC_OPS = (ast.Mod, ast.FloorDiv, ast.Mult, ast.Div, ast.Sub, ast.Pow)
 @functools.cache
 def deepspeed_version() -> str:
     """The installed DeepSpeed's version, named in messages about keys that only other releases accept."""
+    import importlib.metadata  # here, not at the top: the linter's rule pass (in `zero-kit config`) never needs it
+
     try:
         return importlib.metadata.version("deepspeed")
     except importlib.metadata.PackageNotFoundError:

@@ -29,7 +29,16 @@ def zero_rules(config: dict, target: Target) -> list[Problem]:
         return []
     stage = zero.get("stage", 0)
     stage = stage if isinstance(stage, int) and not isinstance(stage, bool) else None
-    problems = []
+    optim_dev = _device(config, "offload_optimizer")
+    problems = _offload_rules(config, stage)
+    problems += _stage3_rules(zero, stage, target)
+    problems += _client_optimizer_rule(config, optim_dev, target)
+    return problems
+
+
+def _offload_rules(config: dict, stage: int | None) -> list[Problem]:
+    """Offload devices the stage cannot use, and NVMe offload without a path."""
+    problems: list[Problem] = []
     param_dev, optim_dev = _device(config, "offload_param"), _device(config, "offload_optimizer")
     if stage is not None and stage < 3 and param_dev in ("cpu", "nvme"):
         problems.append(
@@ -72,8 +81,6 @@ def zero_rules(config: dict, target: Target) -> list[Problem]:
                     f'add "nvme_path": "/local_nvme" under zero_optimization.{which}',
                 )
             )
-    problems += _stage3_rules(zero, stage, target)
-    problems += _client_optimizer_rule(config, optim_dev, target)
     return problems
 
 
