@@ -8,7 +8,7 @@ import json
 import pytest
 
 from zero_kit.cli import main
-from zero_kit.config import ZeroSpec, build_ds_config
+from zero_kit.config import ZeroSpec, build_ds_config, generate
 from zero_kit.errors import UserError
 
 
@@ -75,20 +75,23 @@ def test_hf_auto_keeps_the_options():
 @pytest.mark.parametrize(
     ("spec", "fragments"),
     [
-        (ZeroSpec(stage=2, hpz_partition_size=2), ["--hpz-partition-size 2 needs --stage 3", "ignores it"]),
-        (ZeroSpec(stage=1, quantized_weights=True, quantized_gradients=True), ["need --stage 3"]),
+        (ZeroSpec(stage=2, hpz_partition_size=2), ["--hpz-partition-size 2", "at stage 2 DeepSpeed ignores it",
+                                                   "fix: set --stage to 3"]),
+        (ZeroSpec(stage=1, quantized_weights=True, quantized_gradients=True),
+         ["--quantized-weights:", "--quantized-gradients:", "ZeRO-3's parameter partitioning", "set --stage to 3"]),
         (ZeroSpec(stage=3, hpz=True), ["--hpz needs a partition size", "--nodes > 1"]),
         (ZeroSpec(stage=3, hpz=True, world_size=8), ["--hpz needs a partition size"]),
         (ZeroSpec(stage=3, hpz_partition_size=1), ["at least 2"]),
         (ZeroSpec(stage=3, world_size=8, hpz_partition_size=3), ["does not divide the world size 8", "asserts"]),
-        (ZeroSpec(stage=3, nodes=2, gpus_per_node=8, hpz_partition_size=16), ["does not divide --gpus-per-node 8"]),
-        (ZeroSpec(stage=3, quantized_weights=True, device="cpu"), ["--quantized-weights needs CUDA", "CPU backend"]),
-        (ZeroSpec(stage=3, quantized_gradients=True, device="cpu"), ["--quantized-gradients needs CUDA"]),
+        (ZeroSpec(stage=3, quantized_weights=True, device="cpu"), ["--quantized-weights: needs CUDA", "CPU backend"]),
+        (ZeroSpec(stage=3, quantized_gradients=True, device="cpu"), ["--quantized-gradients: needs CUDA"]),
         (ZeroSpec(stage=3, quantized_weights=True, torch_autocast=True), ["Cannot enable both torch autocast"]),
         (ZeroSpec(stage=3, torch_autocast=True, precision="fp16"), ["--torch-autocast with --precision fp16"]),
         (ZeroSpec(stage=3, bf16_optimizer_states=True), ["needs --bf16-master-weights"]),
-        (ZeroSpec(stage=3, bf16_master_weights=True), ["needs optimizer offload", "--offload-optimizer cpu"]),
-        (ZeroSpec(stage=0, bf16_master_weights=True, bf16_optimizer_states=True), ["ZeRO stage 1, 2 or 3"]),
+        (ZeroSpec(stage=3, bf16_master_weights=True), ["--bf16-master-weights", "requires ZeRO Offload",
+                                                       "--offload-optimizer cpu"]),
+        (ZeroSpec(stage=0, bf16_master_weights=True, bf16_optimizer_states=True),
+         ["--bf16-master-weights: needs ZeRO stage 1, 2 or 3", "--bf16-optimizer-states: needs", "set --stage to 1"]),
         (ZeroSpec(stage=3, precision="fp16", bf16_master_weights=True, bf16_optimizer_states=True),
          ["need --precision bf16 (got fp16)"]),
     ],
@@ -108,7 +111,7 @@ def test_cuda_is_assumed_unless_the_user_says_cpu(capsys):
     assert json.loads(capsys.readouterr().out)["zero_optimization"]["zero_quantized_weights"] is True
     code = main(["config", "--stage", "3", "--quantized-weights", "--device", "cpu"])
     err = capsys.readouterr().err
-    assert code == 2 and "--quantized-weights needs CUDA" in err and "Traceback" not in err
+    assert code == 2 and "--quantized-weights: needs CUDA" in err and "Traceback" not in err
 
 
 def test_every_problem_is_reported_at_once(capsys):
@@ -116,4 +119,18 @@ def test_every_problem_is_reported_at_once(capsys):
         ["config", "--stage", "2", "--hpz", "--quantized-weights", "--device", "cpu", "--bf16-optimizer-states"]
     )
     err = capsys.readouterr().err
-    assert code == 2 and "3 problems" in err, err
+    # Four since the linter's rules speak per key: --quantized-weights at stage 2 and on CPU are two problems.
+    assert code == 2 and "4 problems" in err, err
+    for named in ("--hpz needs a partition size", "--quantized-weights: ZeRO++", "--quantized-weights: needs CUDA",
+                  "--bf16-optimizer-states needs --bf16-master-weights"):  # fmt: skip
+        assert named in err, err
+
+
+def test_hpz_spanning_nodes_is_a_warning_in_config_as_in_validate():
+    """DeepSpeed only asserts that the partition size divides the world size (utils/groups.py): a secondary shard
+    across two nodes runs, slower. So `zero-kit config` writes it and warns, as `zero-kit validate` does."""
+    generated = generate(ZeroSpec(stage=3, nodes=2, gpus_per_node=8, hpz_partition_size=16))
+    assert generated.config["zero_optimization"]["zero_hpz_partition_size"] == 16
+    (warning,) = generated.warnings
+    assert "--hpz-partition-size 16" in warning and "does not divide the 8 ranks per node" in warning
+    assert "fix: use 8" in warning

@@ -133,9 +133,22 @@ def _offload(device: str, spec: ZeroSpec) -> dict[str, Any]:
 
 
 def _zero_section(spec: ZeroSpec) -> dict[str, Any]:
+    """Every flag's key, also where the stage cannot use it (stage 0 with offload, ZeRO++ below 3): the linter
+    judges what the keys say, so the generator writes what the flags say."""
     zero: dict[str, Any] = {"stage": spec.stage}
-    if spec.stage == 0:
-        return zero
+    if spec.stage != 0:
+        zero.update(_sharding_keys(spec))
+    if spec.offload_optimizer != "none":
+        zero["offload_optimizer"] = _offload(spec.offload_optimizer, spec)
+    if spec.offload_param != "none":
+        zero["offload_param"] = _offload(spec.offload_param, spec)
+    zero.update(zeropp_zero_keys(spec))
+    return zero
+
+
+def _sharding_keys(spec: ZeroSpec) -> dict[str, Any]:
+    """Communication and stage-3 settings of stages 1-3."""
+    zero: dict[str, Any] = {}
     buckets = {key: AUTO for key in bucket_sizes(1)} if spec.hf_auto else None
     if buckets is None and spec.hidden_size is not None:
         buckets = bucket_sizes(spec.hidden_size)
@@ -155,11 +168,6 @@ def _zero_section(spec: ZeroSpec) -> dict[str, Any]:
         zero["sub_group_size"] = 1_000_000_000
         # Without this, a ZeRO-3 save through the HF Trainer writes empty (0-element) weight tensors.
         zero["stage3_gather_16bit_weights_on_model_save"] = True
-    if spec.offload_optimizer != "none":
-        zero["offload_optimizer"] = _offload(spec.offload_optimizer, spec)
-    if spec.offload_param != "none":
-        zero["offload_param"] = _offload(spec.offload_param, spec)
-    zero.update(zeropp_zero_keys(spec))
     return zero
 
 
@@ -240,7 +248,7 @@ def generate(spec: ZeroSpec, run: RunAdjustments | None = None) -> Generated:
     raise_all(number_problems(spec), "in the config options")  # the rest does arithmetic with these numbers
     problems = flag_problems(spec)
     try:
-        config = _map_options(spec, run or RunAdjustments())
+        config = map_options(spec, run or RunAdjustments())
     except UserError as err:
         raise_all([*problems, err], "in the config options")
         raise
@@ -255,7 +263,7 @@ def build_ds_config(spec: ZeroSpec, run: RunAdjustments | None = None) -> dict[s
     return generate(spec, run).config
 
 
-def _map_options(spec: ZeroSpec, run: RunAdjustments) -> dict[str, Any]:
+def map_options(spec: ZeroSpec, run: RunAdjustments) -> dict[str, Any]:
     """Options to keys, unjudged (the batch and world flags are resolved here, and refused if they contradict)."""
     config: dict[str, Any] = _batch_section(spec)
     config["gradient_clipping"] = AUTO if spec.hf_auto else spec.gradient_clipping

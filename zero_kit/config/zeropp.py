@@ -1,22 +1,7 @@
 """ZeRO++ (hpZ, qwZ, qgZ) and DeepSpeed's low-precision state options: the keys the generator writes for them.
-Pure, like the builder. What cannot work is judged by the linter's rules (zero_kit/lint/rules_zeropp.py, which
-names the DeepSpeed 0.19 code behind each one) run on the written keys, and by the flag checks in `checks`.
-
-Where a feature cannot work (the linter's rules, reported by the generator in flag words):
-- hpZ, qwZ, qgZ act on ZeRO-3's parameter partitioning only (partition_parameters.py, stage3.py); at stage 0-2
-  DeepSpeed ignores them: an error.
-- hpZ: DeepSpeed builds the secondary groups from consecutive ranks of min(size, world size) and asserts that this
-  divides the world size (utils/groups.py `_create_zero_param_parallel_group`): not dividing is an error. A size
-  that does not divide --gpus-per-node puts a secondary shard across nodes, which runs but defeats hpZ's point
-  (node-local all-gathers), and a size above the world size is shrunk to it: warnings, in `config` as in `validate`.
-- qwZ/qgZ run DeepSpeed's quantizer kernels, a CUDA op build (QuantizerBuilder); on CPU the first step fails with
-  "This op had not been implemented on CPU backend". Judged only when the user says the target is CPU
-  (--device cpu): writing a GPU cluster's config on a laptop is the ordinary case.
-- torch autocast with qwZ: DeepSpeed asserts "Cannot enable both torch autocast and zero quantized weights"
-  (runtime/torch_autocast.py).
-- bf16_optimizer_states needs bf16_master_weights_and_grads, both need stage >= 1 (runtime/config.py
-  `_do_error_check`); bf16 master weights with fp32 optimizer states need optimizer offload with DeepSpeedCPUAdam
-  (base_optimizer.py `_configure_master_weights`, stage3/stage_1_and_2 `_enforce_*offload`).
+Pure, like the builder. What cannot work is judged by the linter's rules on the written keys
+(zero_kit/lint/rules_zeropp.py, which names the DeepSpeed 0.19 code behind each one) and, for what only the flags
+say, by `checks`.
 """
 
 from __future__ import annotations

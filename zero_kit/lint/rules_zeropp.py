@@ -1,8 +1,24 @@
-"""ZeRO++ (hpZ, qwZ, qgZ) and the low-precision state options: the rules the generator enforces
-(zero_kit/config/zeropp.py says which DeepSpeed 0.19 code makes each one), for configs written by anyone.
+"""ZeRO++ (hpZ, qwZ, qgZ) and the low-precision state options: the rules for configs written by anyone, the
+generator included (zero_kit/config/rulebook.py runs them on its output and names the flags).
 
 DeepSpeed's own config parse accepts every case below; they fail (or do nothing) only when deepspeed.initialize
 builds the optimizer or the first step runs, so they are caught here.
+
+Where a feature cannot work:
+- hpZ, qwZ, qgZ act on ZeRO-3's parameter partitioning only (partition_parameters.py, stage3.py); at stage 0-2
+  DeepSpeed ignores them: an error.
+- hpZ: DeepSpeed builds the secondary groups from consecutive ranks of min(size, world size) and asserts that this
+  divides the world size (utils/groups.py `_create_zero_param_parallel_group`): not dividing is an error. A size
+  that does not divide the ranks per node puts a secondary shard across nodes, which runs but defeats hpZ's point
+  (node-local all-gathers), and a size above the world size is shrunk to it: warnings, in `config` as in `validate`.
+- qwZ/qgZ run DeepSpeed's quantizer kernels, a CUDA op build (QuantizerBuilder); on CPU the first step fails with
+  "This op had not been implemented on CPU backend". Judged only when the user says the target is CPU
+  (`LintContext.device`, --device cpu): writing a GPU cluster's config on a laptop is the ordinary case.
+- torch autocast with qwZ: DeepSpeed asserts "Cannot enable both torch autocast and zero quantized weights"
+  (runtime/torch_autocast.py).
+- bf16_optimizer_states needs bf16_master_weights_and_grads, both need stage >= 1 (runtime/config.py
+  `_do_error_check`); bf16 master weights with fp32 optimizer states need optimizer offload with DeepSpeedCPUAdam
+  (base_optimizer.py `_configure_master_weights`, stage3/stage_1_and_2 `_enforce_*offload`).
 """
 
 from __future__ import annotations
