@@ -134,3 +134,16 @@ def test_hpz_spanning_nodes_is_a_warning_in_config_as_in_validate():
     (warning,) = generated.warnings
     assert "--hpz-partition-size 16" in warning and "does not divide the 8 ranks per node" in warning
     assert "fix: use 8" in warning
+
+
+def test_config_and_validate_both_warn_on_hpz_spanning_nodes(tmp_path, capsys):
+    """End to end: `zero-kit config` writes the file and prints the linter's warning on stderr (stdout stays the
+    JSON); `zero-kit validate` of that file at the same shape gives the same warning and passes."""
+    out = tmp_path / "ds.json"
+    argv = ["config", "--stage", "3", "--nodes", "2", "--gpus-per-node", "8", "--hpz-partition-size", "16"]
+    assert main([*argv, "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "zero-kit config: warning: --hpz-partition-size 16" in err and "ranks per node" in err, err
+    assert main(["validate", str(out), "--world-size", "16", "--gpus-per-node", "8"]) == 0
+    text = capsys.readouterr().out
+    assert "OK (0 error(s), 1 warning(s))" in text and "ranks per node" in text, text
