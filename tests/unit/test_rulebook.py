@@ -139,6 +139,10 @@ def _check_agreement(spec: ZeroSpec) -> None:
     errors = [p for p in problems if p.severity == "error"]
     lint_warnings = [p for p in problems if p.severity == "warning"]
     assert (refused is not None) == bool(errors), f"config {'refuses' if refused else 'writes'} {spec}: {errors}"
+    for said in [str(refused)] if refused is not None else list(warnings):
+        # (the HF Trainer's TrainingArguments has a gradient_accumulation_steps of its own: no key of ours)
+        left = [p for p in KEY_FIELDS if re.search(rf"(?<![\w.])(?<!TrainingArguments ){re.escape(p)}\b", said)]
+        assert not left, f"a key path left in the generator's words: {said}"
     if refused is not None:
         assert _refused_count(refused) == len(errors), (str(refused), errors)
         for problem in errors:

@@ -77,6 +77,7 @@ _NAME_RE = re.compile(
 )
 _UNDER_RE = re.compile(r" under [\w.]+")  # where a key goes in the JSON: no meaning on the command line
 _DEVICE_RE = re.compile(r'\{"device": "(\w+)"\}')  # an offload section: its device is the flag's value
+_FLAG_TO_RE = re.compile(r'(--[a-z0-9-]+) to (?:"([^"]*)"|(\d[\d.]*))')
 _SNIPPET_RE = re.compile(r'"(' + "|".join(map(re.escape, sorted(_NAMES, key=len, reverse=True))) + r')":\s*(true\b)?')
 
 
@@ -86,7 +87,9 @@ def in_flag_words(text: str) -> str:
     text = _SNIPPET_RE.sub(lambda m: _NAMES[m.group(1)] + ("" if m.group(2) else " "), text)
     text = _DEVICE_RE.sub(r"\1", _UNDER_RE.sub("", text))
     text = text.replace("remove the key", "drop the flag").replace("remove it", "drop it")
-    return _NAME_RE.sub(lambda m: _NAMES[m.group(1)], text)
+    text = _NAME_RE.sub(lambda m: _NAMES[m.group(1)], text)
+    # "set --stage to 3", '--offload-param to "none"', "disable --torch-autocast": as typed on the command line.
+    return _FLAG_TO_RE.sub(lambda m: f"{m.group(1)} {m.group(2) or m.group(3)}", text).replace("disable --", "drop --")
 
 
 def flag_with_value(path: str, value: Any, spec: ZeroSpec) -> str:
