@@ -16,6 +16,7 @@ import pytest
 from zero_kit.errors import UserError
 from zero_kit.train import preflight
 from zero_kit.train.options import TrainOptions
+from zero_kit.train.run import Machine, model_shape, nvme_dirs, planner_view, workload_of
 
 Usage = namedtuple("Usage", "total used free")
 VMem = namedtuple("VMem", "total available")
@@ -26,14 +27,11 @@ def _options(tmp_path: Path, **changes) -> TrainOptions:
 
 
 def _check(opts: TrainOptions, ds_config: dict | None = None, *, local_ranks: int = 2) -> None:
+    """Preflight of a run of `opts` on one node of `local_ranks` CPU ranks whose DeepSpeed dict is `ds_config`."""
     config = ds_config or {"zero_optimization": {"stage": 3}}
-    run = {
-        "model": opts.model,
-        "output": Path(opts.output),
-        "lora_r": opts.lora_r,
-        "from_file": opts.ds_config is not None,
-    }
-    preflight.run_preflight(config, **run, precision="fp32", local_ranks=local_ranks, nodes=1)
+    machine = Machine("cpu", "gloo", world_size=local_ranks, local_size=local_ranks)
+    view = planner_view(config, workload_of(opts, "fp32"), machine)
+    preflight.run_preflight(Path(opts.output), view, nvme_dirs(config, from_file=opts.ds_config is not None))
 
 
 def test_a_healthy_setup_passes_and_leaves_no_probe_file(tmp_path):
@@ -74,7 +72,7 @@ def test_disk_too_full_for_a_checkpoint_names_both_sizes(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**9, 10**9 - 10**6, 10**6))
     with pytest.raises(UserError) as err:
         _check(_options(tmp_path))
-    need, _ = preflight.checkpoint_bytes(preflight.model_shape(None).n_params, "fp32")
+    need, _ = preflight.checkpoint_bytes(model_shape(None).n_params, "fp32")
     message = err.value.message
     assert "0.00 GiB free" in message and f"{need / 2**30:.2f} GiB" in message and "Ψ = " in message
     assert "free" in err.value.fix and "--output" in err.value.fix
