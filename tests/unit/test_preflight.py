@@ -174,3 +174,21 @@ def test_enough_host_ram_for_cpu_offload_passes(tmp_path, monkeypatch):
     monkeypatch.setenv(preflight.HOST_MEM_ENV, str(4 * 2**30))
     with pytest.raises(UserError, match="host RAM 4.00 GiB < about 4.0"):
         _check(_options(tmp_path), config, local_ranks=2)
+
+
+def test_host_ram_estimate_uses_the_planners_assumptions(tmp_path, monkeypatch):
+    """Preflight's host baseline is the planner's stated one (Assumptions.host_baseline_gib), not its own copy."""
+    import dataclasses
+
+    from zero_kit.plan.assumptions import Assumptions
+
+    monkeypatch.setenv(preflight.HOST_MEM_ENV, str(4 * 2**30))
+    config = {
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
+    }
+    machine = Machine("cpu", "gloo", world_size=2, local_size=2)
+    view = planner_view(config, workload_of(_options(tmp_path), "fp32"), machine)
+    assert view.assume == Assumptions()
+    with pytest.raises(UserError, match=r"baseline per rank 4.00 GiB \(2 x 2 GiB\)"):
+        preflight.run_preflight(tmp_path / "out", view)
+    preflight.run_preflight(tmp_path / "out", dataclasses.replace(view, assume=Assumptions(host_baseline_gib=1.0)))
