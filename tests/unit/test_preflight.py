@@ -29,7 +29,7 @@ def _options(tmp_path: Path, **changes) -> TrainOptions:
 def _check(opts: TrainOptions, ds_config: dict | None = None, *, local_ranks: int = 2) -> None:
     """Preflight of a run of `opts` on one node of `local_ranks` CPU ranks whose DeepSpeed dict is `ds_config`."""
     config = ds_config or {"zero_optimization": {"stage": 3}}
-    machine = Machine("cpu", "gloo", world_size=local_ranks, local_size=local_ranks)
+    machine = Machine("cpu", "gloo", rank=0, world_size=local_ranks, local_size=local_ranks, bf16_supported=False)
     view = planner_view(config, workload_of(opts, "fp32"), machine)
     preflight.run_preflight(Path(opts.output), view, nvme_dirs(config, from_file=opts.ds_config is not None))
 
@@ -186,7 +186,7 @@ def test_host_ram_estimate_uses_the_planners_assumptions(tmp_path, monkeypatch):
     config = {
         "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
     }
-    machine = Machine("cpu", "gloo", world_size=2, local_size=2)
+    machine = Machine("cpu", "gloo", rank=0, world_size=2, local_size=2, bf16_supported=False)
     view = planner_view(config, workload_of(_options(tmp_path), "fp32"), machine)
     assert view.assume == Assumptions()
     with pytest.raises(UserError, match=r"baseline per rank 4.00 GiB \(2 x 2 GiB\)"):

@@ -16,9 +16,9 @@ from zero_kit.plan.assumptions import Assumptions
 from zero_kit.train.options import TrainOptions
 from zero_kit.train.run import Machine, ResolvedRun, detect_machine, resolve_run
 
-CPU = Machine("cpu", "gloo")
-GPU_BF16 = Machine("cuda:0", "nccl", bf16_supported=True)
-GPU_FP16 = Machine("cuda:0", "nccl", bf16_supported=False)
+CPU = Machine("cpu", "gloo", rank=0, world_size=1, local_size=1, bf16_supported=False)
+GPU_BF16 = dataclasses.replace(CPU, device="cuda:0", backend="nccl", bf16_supported=True)
+GPU_FP16 = dataclasses.replace(GPU_BF16, bf16_supported=False)
 
 
 def _file(tmp_path, name: str = "ds.json", **changes) -> str:
@@ -112,7 +112,7 @@ def test_batch_and_learning_rate_from_a_ds_config_file_resolved_once(tmp_path):
 
 
 def test_world_and_planner_view():
-    machine = Machine("cpu", "gloo", rank=1, world_size=8, local_size=4)
+    machine = dataclasses.replace(CPU, rank=1, world_size=8, local_size=4)
     run = resolve_run(TrainOptions(stage=3, offload_optimizer="cpu", offload_param="cpu", max_length=64), machine)
     view = run.planner
     assert (view.strategy, view.offload, view.ranks_per_node, view.nodes) == ("zero3", "optimizer+param", 4, 2)

@@ -31,11 +31,13 @@ class Machine:
     """"cuda:N" (this rank's GPU) or "cpu"."""
     backend: str
     """The process-group backend: "nccl" on a GPU, "gloo" on the CPU."""
-    rank: int = 0
-    world_size: int = 1
-    local_size: int = 1
+    rank: int
+    """This rank's number in the job (RANK): rank 0 writes the run record and prints."""
+    world_size: int
+    """Ranks in the job, all nodes together."""
+    local_size: int
     """Ranks on this node (the launcher's LOCAL_WORLD_SIZE / LOCAL_SIZE; else every rank is on this host)."""
-    bf16_supported: bool = False
+    bf16_supported: bool
     """The GPU computes in bf16 (Ampere or newer): what `--precision auto` picks there."""
 
     @property
