@@ -23,7 +23,9 @@ from zero_kit.train.trainer_config import trainer_ds_config
 
 def deepspeed_config(**options: Any) -> dict:
     """The DeepSpeed dict for `TrainingArguments(deepspeed=...)`, from the same options as `zero-kit train`
-    (e.g. `stage=3, offload_optimizer="cpu"`, or `ds_config="my.json"` to lint and load a file)."""
+    (e.g. `stage=3, offload_optimizer="cpu"`, or `ds_config="my.json"` to lint and load a file): the same step
+    `zero_kit.train.run.resolve_run` makes the run's dict with. It does not depend on the machine that calls it
+    (a script may write the config on a login node for GPU nodes); your TrainingArguments decide the rest."""
     opts = TrainOptions(**options)
     check_options(opts)
     return trainer_ds_config(opts)

@@ -24,6 +24,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+GIB = 2**30
+"""Bytes in a GiB: the one definition (plan, preflight and every report divide by it)."""
+
 # Dense peak FLOP/s per device (vendor spec sheets, no sparsity), by precision. Matched by substring of
 # torch.cuda.get_device_name(); the first match wins, so more specific names come first.
 PEAK_FLOPS: dict[str, dict[str, float]] = {

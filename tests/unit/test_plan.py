@@ -124,3 +124,20 @@ def test_per_layer_activations_match_what_hf_llama_saves(precision):
     shape = shape_from_hf_config(tiny_llama_config(num_hidden_layers=1).to_dict())
     predicted, _ = activation_terms(Workload(shape, 1, seq, batch, precision))["saved activations, all layers"]
     assert measured_per_layer == pytest.approx(predicted, rel=0.02)
+
+
+def test_memory_model_reads_the_stated_constants_from_assumptions():
+    """plan.memory keeps no copy of Assumptions' defaults: its terms follow an --assume override."""
+    from zero_kit.metrics import GIB as METRICS_GIB
+    from zero_kit.plan.assumptions import Assumptions
+    from zero_kit.plan.memory import buffer_terms
+
+    shape = KNOWN_SHAPES["llama-3-8b"]
+    work = Workload(shape, shape.n_params)
+    default = buffer_terms("zero3", "none", work, 8)["CUDA context + NCCL"]
+    assert default == (Assumptions().cuda_context_bytes, "1 GiB, stated") and GIB is METRICS_GIB
+    custom = Assumptions(cuda_context_nccl_gib=2.5, host_baseline_gib=3.0)
+    hardware = Hardware(gpu_mem=80 * GIB, gpus_per_node=8, assume=custom)
+    option = make_plan(work, hardware).options[0]
+    assert option.buffers["CUDA context + NCCL"][0] == int(2.5 * GIB)
+    assert option.host["baseline per rank"] == (8 * 3 * GIB, "8 x 3 GiB")

@@ -16,6 +16,7 @@ import pytest
 from zero_kit.errors import UserError
 from zero_kit.train import preflight
 from zero_kit.train.options import TrainOptions
+from zero_kit.train.run import Machine, model_shape, nvme_dirs, planner_view, workload_of
 
 Usage = namedtuple("Usage", "total used free")
 VMem = namedtuple("VMem", "total available")
@@ -26,14 +27,11 @@ def _options(tmp_path: Path, **changes) -> TrainOptions:
 
 
 def _check(opts: TrainOptions, ds_config: dict | None = None, *, local_ranks: int = 2) -> None:
+    """Preflight of a run of `opts` on one node of `local_ranks` CPU ranks whose DeepSpeed dict is `ds_config`."""
     config = ds_config or {"zero_optimization": {"stage": 3}}
-    run = {
-        "model": opts.model,
-        "output": Path(opts.output),
-        "lora_r": opts.lora_r,
-        "from_file": opts.ds_config is not None,
-    }
-    preflight.run_preflight(config, **run, precision="fp32", local_ranks=local_ranks, nodes=1)
+    machine = Machine("cpu", "gloo", rank=0, world_size=local_ranks, local_size=local_ranks, bf16_supported=False)
+    view = planner_view(config, workload_of(opts, "fp32"), machine)
+    preflight.run_preflight(Path(opts.output), view, nvme_dirs(config, from_file=opts.ds_config is not None))
 
 
 def test_a_healthy_setup_passes_and_leaves_no_probe_file(tmp_path):
@@ -74,7 +72,7 @@ def test_disk_too_full_for_a_checkpoint_names_both_sizes(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**9, 10**9 - 10**6, 10**6))
     with pytest.raises(UserError) as err:
         _check(_options(tmp_path))
-    need, _ = preflight.checkpoint_bytes(preflight.model_shape(None).n_params, "fp32")
+    need, _ = preflight.checkpoint_bytes(model_shape(None).n_params, "fp32")
     message = err.value.message
     assert "0.00 GiB free" in message and f"{need / 2**30:.2f} GiB" in message and "Ψ = " in message
     assert "free" in err.value.fix and "--output" in err.value.fix
@@ -176,3 +174,21 @@ def test_enough_host_ram_for_cpu_offload_passes(tmp_path, monkeypatch):
     monkeypatch.setenv(preflight.HOST_MEM_ENV, str(4 * 2**30))
     with pytest.raises(UserError, match="host RAM 4.00 GiB < about 4.0"):
         _check(_options(tmp_path), config, local_ranks=2)
+
+
+def test_host_ram_estimate_uses_the_planners_assumptions(tmp_path, monkeypatch):
+    """Preflight's host baseline is the planner's stated one (Assumptions.host_baseline_gib), not its own copy."""
+    import dataclasses
+
+    from zero_kit.plan.assumptions import Assumptions
+
+    monkeypatch.setenv(preflight.HOST_MEM_ENV, str(4 * 2**30))
+    config = {
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
+    }
+    machine = Machine("cpu", "gloo", rank=0, world_size=2, local_size=2, bf16_supported=False)
+    view = planner_view(config, workload_of(_options(tmp_path), "fp32"), machine)
+    assert view.assume == Assumptions()
+    with pytest.raises(UserError, match=r"baseline per rank 4.00 GiB \(2 x 2 GiB\)"):
+        preflight.run_preflight(tmp_path / "out", view)
+    preflight.run_preflight(tmp_path / "out", dataclasses.replace(view, assume=Assumptions(host_baseline_gib=1.0)))

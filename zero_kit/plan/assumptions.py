@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-GIB = 2**30
+from zero_kit.metrics import GIB
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@
 tables shared with the benchmark), buckets from `zero_kit.config.builder.bucket_sizes`; nothing is launched.
 
 Each term is a (bytes, formula) pair so the CLI can print the number beside how it was computed.
-Stated constants (not measured on this machine, which has no GPU), `zero_kit.plan.assumptions` (--assume):
-  CUDA context + NCCL communicators 1 GiB per GPU; allocator slack 5% of everything else;
-  host baseline 2 GiB per rank (Python, torch, CUDA libraries); a safety margin of 10% of GPU memory (--margin).
+Stated constants (not measured on this machine, which has no GPU) live in one place, `zero_kit.plan.assumptions`
+(--assume): the CUDA context + NCCL communicators per GPU, the allocator slack, the host baseline per rank; besides
+them a safety margin of GPU memory (--margin) and HF's checkpoint shard size below.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zero_kit.config.builder import bucket_sizes
+from zero_kit.metrics import GIB
 from zero_kit.plan.accounting import (
     DTYPE_BYTES,
     StateBytes,
@@ -26,10 +27,6 @@ from zero_kit.plan.traffic import TierBytes, step_tier_bytes
 from zero_kit.plan.workload import Workload
 from zero_kit.strategies import STRATEGIES, StrategyInfo
 
-GIB = 2**30
-CUDA_CONTEXT_BYTES = 1 * GIB
-ALLOCATOR_SLACK = 0.05
-HOST_BASELINE_PER_RANK = 2 * GIB
 CHECKPOINT_SHARD_BYTES = 5 * GIB  # HF checkpoints are saved in shards of at most ~5 GB
 # The planner's options, in the order shown: the registry's planned entries.
 PLANNED: tuple[StrategyInfo, ...] = tuple(info for info in STRATEGIES.values() if info.planned)
@@ -243,13 +240,16 @@ def _state_terms(states: StateBytes) -> tuple[Terms, Terms, str]:
 
 
 def buffer_terms(
-    strategy: str, offload: str, work: Workload, world_size: int, cuda_context: int = CUDA_CONTEXT_BYTES
+    strategy: str, offload: str, work: Workload, world_size: int, cuda_context: int | None = None
 ) -> Terms:
-    """Working buffers besides states and activations: buckets, gathered layers, CUDA context."""
+    """Working buffers besides states and activations: buckets, gathered layers, CUDA context (default: the
+    stated `Assumptions().cuda_context_bytes`)."""
     s = work.shape
     a = DTYPE_BYTES[work.precision]
     buckets = bucket_sizes(s.hidden_size)
     reduce_bucket = buckets["reduce_bucket_size"]
+    if cuda_context is None:
+        cuda_context = Assumptions().cuda_context_bytes
     terms: Terms = {"CUDA context + NCCL": (cuda_context, f"{cuda_context / GIB:g} GiB, stated")}
     trainable = work.trainable_params or work.n_params
     # DDP adds nothing here: zero_kit's DDP uses gradient_as_bucket_view=True, so the all-reduce buckets are the

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from zero_kit.plan.memory import GIB, Hardware, Option, Workload, evaluate_all
+from zero_kit.metrics import GIB
+from zero_kit.plan.memory import Hardware, Option, Workload, evaluate_all
 from zero_kit.plan.rates import Rates
 from zero_kit.plan.timing import step_time
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+from zero_kit.metrics import GIB
 from zero_kit.plan.assumptions import describe
 from zero_kit.plan.memory import Option
 from zero_kit.plan.recommend import Plan
@@ -13,7 +14,7 @@ from zero_kit.plan.timing import TERMS
 
 
 def _gib(value: int) -> str:
-    return f"{value / 2**30:.1f}"
+    return f"{value / GIB:.1f}"
 
 
 def render_text(plan: Plan, label: str) -> str:

@@ -156,10 +156,13 @@ class PreemptionCallback(TrainerCallback):
 class ThroughputCallback(TrainerCallback):
     """Adds `tokens_per_s` (all ranks together, since the previous log) and, on a known GPU, `mfu` to each
     log entry. Needs `TrainingArguments(include_num_input_tokens_seen=True)` (tokens are counted by the Trainer).
-    MFU = tokens/s per device x FLOPs per token / device dense peak (zero_kit.metrics)."""
+    MFU = tokens/s per device x FLOPs per token / device dense peak (zero_kit.metrics) at `precision` (`zero-kit
+    train` passes its resolved one; in a user's own Trainer script, where the arguments are the only record,
+    it is read from their bf16/fp16 flags)."""
 
-    def __init__(self, model=None, seq_len: int | None = None):
+    def __init__(self, model=None, seq_len: int | None = None, precision: str | None = None):
         self._flops_per_token = _flops_per_token(model, seq_len) if model is not None else None
+        self._precision = precision
         self._last_time: float | None = None
         self._last_tokens = 0
         self.last: dict[str, float] = {}
@@ -188,7 +191,7 @@ class ThroughputCallback(TrainerCallback):
             return None
         from zero_kit import metrics
 
-        precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+        precision = self._precision or ("bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
         peak = metrics.peak_flops(torch.cuda.get_device_name(), precision)
         return metrics.mfu(tokens_per_s / max(args.world_size, 1), self._flops_per_token, peak)
 

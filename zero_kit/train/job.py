@@ -2,7 +2,8 @@
 
 One entry for one rank or many: under `deepspeed`, `torchrun` or `accelerate launch` this process is one
 rank; started plainly with `--nproc N` it re-launches itself under the `deepspeed` launcher
-(zero_kit.train.relaunch). The DeepSpeed config comes from zero_kit.config.builder (or a linted --ds-config).
+(zero_kit.train.relaunch). Each rank resolves its run once (zero_kit.train.run: device, precision, sizes, the
+DeepSpeed dict, the planner's view), then walks a straight line: arguments, preflight, model, data, Trainer.
 """
 
 from __future__ import annotations
@@ -12,30 +13,32 @@ import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from zero_kit.dist import barrier, end_process_group, free_port, single_process_env, slurm_to_torch_env, under_launcher
 from zero_kit.errors import UserError
 from zero_kit.train import checkpoint, preflight, universal
-from zero_kit.train.options import EXIT_PREEMPTED, TrainOptions, check_options, default_lr
+from zero_kit.train.options import EXIT_PREEMPTED, TrainOptions, check_options
 from zero_kit.train.relaunch import RELAUNCHED, relaunch
+from zero_kit.train.run import ResolvedRun, resolve_run
 from zero_kit.watchdog import HEARTBEAT_DIR, Heartbeat, nccl_watchdog_env
 
 FINAL_DIR = "final"
+
+
+class Data(NamedTuple):
+    dataset: Any
+    collator: Any
+    stats: Any
 
 
 def run_train(opts: TrainOptions) -> int:
     """Run `zero-kit train`; returns the process exit code (0, or EXIT_PREEMPTED after SIGTERM)."""
     check_options(opts)
     os.environ.update(slurm_to_torch_env(dict(os.environ)))
-    if not under_launcher():
-        wants_ranks = opts.hostfile or (opts.nproc and opts.nproc > 1)
-        if wants_ranks and not os.environ.get(RELAUNCHED):
-            return relaunch(opts, opts.nproc)
-        os.environ.update(single_process_env(opts.master_port or free_port()))
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.update({k: v for k, v in nccl_watchdog_env(opts.stall_timeout).items() if k not in os.environ})
+    if _wants_relaunch(opts):
+        return relaunch(opts, opts.nproc)
+    _rank_environment(opts)
     finished = False
     try:
         code = _run_rank(opts)
@@ -45,96 +48,102 @@ def run_train(opts: TrainOptions) -> int:
         end_process_group(finished)
 
 
+def _wants_relaunch(opts: TrainOptions) -> bool:
+    """Started plainly with several ranks asked for: re-launch under the `deepspeed` launcher (once)."""
+    wants_ranks = opts.hostfile or (opts.nproc and opts.nproc > 1)
+    return not under_launcher() and bool(wants_ranks) and not os.environ.get(RELAUNCHED)
+
+
+def _rank_environment(opts: TrainOptions) -> None:
+    """A world of one when no launcher started this process; offline hubs; the NCCL watchdog's variables."""
+    if not under_launcher():
+        os.environ.update(single_process_env(opts.master_port or free_port()))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.update({k: v for k, v in nccl_watchdog_env(opts.stall_timeout).items() if k not in os.environ})
+
+
 def _run_rank(opts: TrainOptions) -> int:
-    import torch
-
-    from zero_kit.train.trainer_config import adopt_file_values, trainer_ds_config
-
-    output = Path(opts.output)
-    cuda = torch.cuda.is_available()
-    ds_config = trainer_ds_config(opts, torch_adam=not cuda, device="cuda" if cuda else "cpu")
-    opts = adopt_file_values(opts, ds_config)
+    run = resolve_run(opts)  # every decision, before any I/O
     # TrainingArguments(deepspeed=...) must exist before the model: it registers HfDeepSpeedConfig, so a
     # ZeRO-3 model is built inside deepspeed.zero.Init and no rank ever holds all of it.
-    args = _training_arguments(opts, ds_config, output)
-    # Output dir, disk space, NVMe path, host RAM: before any work.
-    run = {"model": opts.model, "output": output, "lora_r": opts.lora_r, "from_file": opts.ds_config is not None}
-    preflight.check_training_run(ds_config, args, **run)
-    heartbeat = None
-    if opts.stall_timeout > 0:
-        heartbeat = Heartbeat(output / HEARTBEAT_DIR, args.process_index, args.world_size, opts.stall_timeout).start()
+    args = _training_arguments(run)
+    preflight.check_run(run)  # output dir, disk space, NVMe path, host RAM: before any work
+    heartbeat = _start_heartbeat(run)
     try:
-        return _train(opts, ds_config, args, output, heartbeat)
+        return _train(run, args, heartbeat)
     finally:
         if heartbeat is not None:
             heartbeat.stop()
 
 
-def _train(opts: TrainOptions, ds_config: dict, args, output: Path, heartbeat) -> int:
+def _start_heartbeat(run: ResolvedRun) -> Heartbeat | None:
+    if run.options.stall_timeout <= 0:
+        return None
+    machine = run.machine
+    return Heartbeat(run.output / HEARTBEAT_DIR, machine.rank, machine.world_size, run.options.stall_timeout).start()
+
+
+def _train(run: ResolvedRun, args, heartbeat: Heartbeat | None) -> int:
     # Start-up beats at each milestone: each part (imports and rendezvous, a universal conversion, the model, the
     # data, DeepSpeed's engine and op loads) gets the long-phase allowance, not all of them together.
     starting = (lambda: heartbeat.beat("startup", 0)) if heartbeat is not None else (lambda: None)
-    _init_deepspeed_comm(args)
+    _init_deepspeed_comm(run)
     starting()
-    resume_from = _resolve_resume(opts, output, args)
+    resume_from = _resolve_resume(run)
     universal.prepare_resume(resume_from, args)  # written at another world size: convert, load_universal
     starting()
-    tokenizer, model, held = _build_model(opts)
+    tokenizer, model, held = _build_model(run.options)
     starting()
-    dataset, collator, stats = _build_data(opts, tokenizer)
+    data = _build_data(run.options, tokenizer)
     starting()
-    run_info = _run_info(opts, ds_config, args, held, stats)
-    if args.process_index == 0:
-        output.mkdir(parents=True, exist_ok=True)
-        checkpoint.atomic_write_text(output / checkpoint.RUN_INFO, json.dumps(run_info, indent=1) + "\n")
-        _print_start(opts, args, held, stats, resume_from, run_info["zero_stage"])
-    trainer, preemption = _trainer(opts, args, model, tokenizer, dataset, collator, output, run_info, heartbeat)
-    with preflight.disk_errors_as_user_errors(output):  # a disk that fills up mid-run: a message, not a traceback
+    run_info = _record_start(run, held, data.stats, resume_from)
+    trainer, preemption = _trainer(run, args, model, tokenizer, data, run_info, heartbeat)
+    with preflight.disk_errors_as_user_errors(run.output):  # a disk that fills up mid-run: a message, no traceback
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     if preemption.stopped:
-        if args.process_index == 0:
+        if run.machine.rank == 0:
             print(f"zero-kit train: preempted; checkpoint saved, exit {EXIT_PREEMPTED}", file=sys.stderr)
         return EXIT_PREEMPTED
-    if opts.export:
-        _export_final(output, args)
+    if run.options.export:
+        _export_final(run)
     return 0
 
 
-def _training_arguments(opts: TrainOptions, ds_config: dict, output: Path):
+def _training_arguments(run: ResolvedRun):
     import dataclasses
 
-    import torch
     from transformers import TrainingArguments
 
-    on_gpu = torch.cuda.is_available()
-    precision = _precision(opts.precision, on_gpu)
+    opts, on_gpu = run.options, run.machine.on_gpu
     # transformers 5.23 renamed gradient_checkpointing to activation_checkpointing and warns (FutureWarning)
     # whenever the old keyword is passed, even as False; releases before 5.23 know only the old one.
     fields = {field.name for field in dataclasses.fields(TrainingArguments)}
     checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
     return TrainingArguments(
-        output_dir=str(output),
-        deepspeed=ds_config,
+        output_dir=str(run.output),
+        deepspeed=run.ds_config,
         use_cpu=not on_gpu,
-        ddp_backend=None if on_gpu else "gloo",
+        ddp_backend=None if on_gpu else run.machine.backend,
         ddp_timeout=opts.collective_timeout,
-        per_device_train_batch_size=opts.micro_batch,
-        gradient_accumulation_steps=opts.grad_accum,
-        learning_rate=default_lr(opts),
+        per_device_train_batch_size=run.micro_batch,
+        gradient_accumulation_steps=run.grad_accum,
+        max_steps=opts.max_steps or -1,
+        learning_rate=run.learning_rate,
         lr_scheduler_type=opts.lr_scheduler,
         warmup_steps=opts.warmup_steps,
+        save_strategy="steps" if opts.save_steps else "no",
         weight_decay=opts.weight_decay,
         max_grad_norm=opts.gradient_clipping,
-        max_steps=opts.max_steps or -1,
         num_train_epochs=opts.epochs,
-        save_strategy="steps" if opts.save_steps else "no",
         save_steps=opts.save_steps or 500,
         save_total_limit=None,  # rotation is ours: only after a newer checkpoint is complete
         logging_steps=opts.log_steps,
         seed=opts.seed,
         data_seed=opts.seed,
-        bf16=precision == "bf16",
-        fp16=precision == "fp16",
+        bf16=run.precision == "bf16",
+        fp16=run.precision == "fp16",
         **{checkpointing: opts.activation_checkpointing},
         include_num_input_tokens_seen="non_padding",
         report_to=[],
@@ -145,52 +154,35 @@ def _training_arguments(opts: TrainOptions, ds_config: dict, output: Path):
     )
 
 
-def _init_deepspeed_comm(args) -> None:
+def _init_deepspeed_comm(run: ResolvedRun) -> None:
     """zero.Init reads the world size from deepspeed.comm, which the Trainer only sets up later (at
     deepspeed.initialize); without this a ZeRO-3 model would be built for a world of one."""
-    import deepspeed
-
-    deepspeed.init_distributed(dist_backend="gloo" if args.use_cpu else "nccl", timeout=_timedelta(args.ddp_timeout))
-
-
-def _timedelta(seconds: int):
     from datetime import timedelta
 
-    return timedelta(seconds=seconds)
+    import deepspeed
+
+    timeout = timedelta(seconds=run.options.collective_timeout)
+    deepspeed.init_distributed(dist_backend=run.machine.backend, timeout=timeout)
 
 
-def _precision(choice: str, on_gpu: bool) -> str:
-    import torch
-
-    if choice == "auto":
-        if not on_gpu:
-            return "fp32"
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    if choice in ("bf16", "fp16") and not on_gpu:
-        raise UserError(
-            f"--precision {choice} needs a GPU; this host has none", "use --precision fp32 (or auto) on CPU"
-        )
-    return choice
-
-
-def _resolve_resume(opts: TrainOptions, output: Path, args) -> Path | None:
+def _resolve_resume(run: ResolvedRun) -> Path | None:
     """auto: newest complete checkpoint (incomplete leftovers are deleted); never: fresh; else the given path."""
-
-    if opts.resume == "never":
-        if args.process_index == 0 and checkpoint.list_checkpoints(output):
+    resume, output, rank0 = run.options.resume, run.output, run.machine.rank == 0
+    if resume == "never":
+        if rank0 and checkpoint.list_checkpoints(output):
             print(f"zero-kit train: --resume never: removing earlier checkpoints in {output}", file=sys.stderr)
             checkpoint.remove_all(output)
         found = None
-    elif opts.resume == "auto":
+    elif resume == "auto":
         found = checkpoint.newest_complete(output)
     else:
-        found = Path(opts.resume)
+        found = Path(resume)
         if not checkpoint.is_complete(found):
             raise UserError(
                 f"--resume {found}: not a complete zero-kit checkpoint (no {checkpoint.MANIFEST} or files missing)",
                 "give a checkpoint-N directory written by zero-kit train, or use --resume auto",
             )
-    if opts.resume != "never" and args.process_index == 0:
+    if resume != "never" and rank0:
         checkpoint.remove_incomplete(output)
     barrier()
     return found
@@ -253,32 +245,43 @@ def _apply_lora(model, opts: TrainOptions):
         raise UserError(f"--lora-targets {opts.lora_targets}: {err}", "name Linear modules of the model") from err
 
 
-def _build_data(opts: TrainOptions, tokenizer):
+def _build_data(opts: TrainOptions, tokenizer) -> Data:
     from zero_kit.data import dataset as zk_data
 
     rows = zk_data.load_dataset_rows([opts.data] if opts.data else None, opts.format)
     dataset, stats = zk_data.tokenize_dataset(
         rows, tokenizer, opts.format, opts.max_length, skip_bad=opts.skip_bad, pack=opts.pack
     )
-    return dataset, zk_data.DataCollator(tokenizer.pad_token_id), stats
+    return Data(dataset, zk_data.DataCollator(tokenizer.pad_token_id), stats)
 
 
-def _run_info(opts: TrainOptions, ds_config: dict, args, held: dict, stats) -> dict:
+def _record_start(run: ResolvedRun, held: dict, stats, resume_from: Path | None) -> dict:
+    """The run record: rank 0 writes it to OUTPUT and prints the start lines; every checkpoint gets a copy."""
+    run_info = _run_info(run, held, stats)
+    if run.machine.rank == 0:
+        run.output.mkdir(parents=True, exist_ok=True)
+        checkpoint.atomic_write_text(run.output / checkpoint.RUN_INFO, json.dumps(run_info, indent=1) + "\n")
+        _print_start(run, held, stats, resume_from)
+    return run_info
+
+
+def _run_info(run: ResolvedRun, held: dict, stats) -> dict:
     """What `zero-kit export` needs to rebuild the model, plus what a reader of the run wants to know."""
     stats_dict = {k: v for k, v in vars(stats).items() if isinstance(v, (int, str))}
     return {
-        "options": asdict(opts),
-        "world_size": args.world_size,
-        "zero_stage": ds_config.get("zero_optimization", {}).get("stage", 0),
+        "options": asdict(run.options),
+        "world_size": run.machine.world_size,
+        "zero_stage": run.zero_stage,
         "zero3_init": held,
         "data": stats_dict,
     }
 
 
-def _print_start(opts, args, held, stats, resume_from, stage) -> None:
+def _print_start(run: ResolvedRun, held: dict, stats, resume_from: Path | None) -> None:
     per_rank = ", ".join(f"{n:,}" for n in held["elements_held_per_rank"])
+    tuning = f"LoRA r={run.options.lora_r}" if run.options.lora_r else "full fine-tuning"
     print(
-        f"zero-kit train: {args.world_size} rank(s), ZeRO stage {stage}, {'LoRA r=' + str(opts.lora_r) if opts.lora_r else 'full fine-tuning'}; "
+        f"zero-kit train: {run.machine.world_size} rank(s), ZeRO stage {run.zero_stage}, {tuning}; "
         f"model {held['total_parameters']:,} parameters, held per rank after construction: [{per_rank}]",
         flush=True,
     )
@@ -286,7 +289,8 @@ def _print_start(opts, args, held, stats, resume_from, stage) -> None:
     print(f"zero-kit train: {'resuming from ' + str(resume_from) if resume_from else 'starting fresh'}", flush=True)
 
 
-def _trainer(opts, args, model, tokenizer, dataset, collator, output: Path, run_info: dict, heartbeat):
+def _trainer(run: ResolvedRun, args, model, tokenizer, data: Data, run_info: dict, heartbeat: Heartbeat | None):
+    """The HF Trainer with our callbacks, and the preemption callback (`stopped`: the run ended on SIGTERM)."""
     from transformers import PrinterCallback, Trainer
 
     from zero_kit.train.callbacks import (
@@ -298,21 +302,21 @@ def _trainer(opts, args, model, tokenizer, dataset, collator, output: Path, run_
         ThroughputCallback,
     )
 
-    throughput = ThroughputCallback(model, seq_len=opts.max_length)
+    throughput = ThroughputCallback(model, seq_len=run.options.max_length, precision=run.precision)
     preemption = PreemptionCallback()
     callbacks = [
         throughput,
-        ProgressCallback(output, throughput),
+        ProgressCallback(run.output, throughput),
         SaveAtEndCallback(),
         preemption,
-        CompleteCheckpointCallback(output, opts.save_total_limit, run_info),
+        CompleteCheckpointCallback(run.output, run.options.save_total_limit, run_info),
         *([HeartbeatCallback(heartbeat)] if heartbeat is not None else []),  # last: sees this step's save decision
     ]
     trainer = Trainer(
         model=model,
         args=args,
-        train_dataset=dataset,
-        data_collator=collator,
+        train_dataset=data.dataset,
+        data_collator=data.collator,
         processing_class=tokenizer,
         callbacks=callbacks,
     )
@@ -320,9 +324,9 @@ def _trainer(opts, args, model, tokenizer, dataset, collator, output: Path, run_
     return trainer, preemption
 
 
-def _export_final(output: Path, args) -> None:
+def _export_final(run: ResolvedRun) -> None:
     # Rank 0 only and no barrier afterwards: a long export must not trip the other ranks' collective timeout.
-    if args.process_index == 0:
+    if run.machine.rank == 0:
         from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
         from zero_kit.train.export import export_checkpoint
@@ -331,6 +335,7 @@ def _export_final(output: Path, args) -> None:
         # collectives would wait for ranks that are not there.
         unset_hf_deepspeed_config()
 
+        output = run.output
         ckpt = checkpoint.newest_complete(output)
         if ckpt is None:
             raise UserError(f"no complete checkpoint in {output} to export", "run with --save-steps or check the log")

@@ -38,7 +38,8 @@ class TrainOptions(ZeroOptions):
     stage: Literal[0, 1, 2, 3] | None = None
     """ZeRO stage of the generated config (default 2): 1 shards optimizer state, 2 also gradients, 3 also parameters."""
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
-    """Training precision. auto: bf16 on a GPU that supports it, else fp16 on GPU, fp32 on CPU."""
+    """Training precision. auto: what a --ds-config file enables, else bf16 on a GPU that supports it, else fp16 on
+    GPU, fp32 on CPU."""
     micro_batch: int = 4
     """Examples per rank per forward pass (per_device_train_batch_size)."""
     grad_accum: int = 1

@@ -6,9 +6,14 @@ Checked, all problems collected and reported at once:
 - its filesystem has room for one more checkpoint: the shared byte tables (zero_kit.plan.accounting) give the
   parameters plus fp32 master and Adam moments DeepSpeed writes, summed over ranks (sharding splits the
   bytes over files, it does not remove them);
-- an NVMe offload path exists, is a directory and is writable;
+- an NVMe offload path exists, is a directory and is writable (a missing path is the generator's and the
+  linter's to refuse, before this runs);
 - host RAM holds the chosen CPU offload: the planner's per-node host model (zero_kit.plan.memory.host_terms)
-  against psutil's total RAM. ZERO_KIT_HOST_MEM_BYTES overrides the RAM figure (what-if runs, tests).
+  with the planner's stated Assumptions (the run's; `zero-kit train` has no --assume, so the defaults) against
+  psutil's total RAM. ZERO_KIT_HOST_MEM_BYTES overrides the RAM figure (what-if runs, tests).
+
+Everything else about the run was decided before, once, in `zero_kit.train.run.ResolvedRun`: this module only
+asks the filesystem and the machine.
 """
 
 from __future__ import annotations
@@ -20,12 +25,15 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from zero_kit.dist import local_world_size
 from zero_kit.errors import UserError, raise_all
+from zero_kit.metrics import GIB
+
+if TYPE_CHECKING:
+    from zero_kit.train.run import PlannerView, ResolvedRun
 
 HOST_MEM_ENV = "ZERO_KIT_HOST_MEM_BYTES"
-GIB = 2**30
 
 
 def _gib(value: int) -> str:
@@ -95,28 +103,11 @@ def checkpoint_bytes(n_params: int, precision: str, trainable_params: int | None
     return states.params + states.optimizer, f"{params_formula} + {optimizer_formula}, Ψ = {n_params:,}"
 
 
-def _offload_devices(ds_config: dict) -> dict[str, tuple[str, str | None]]:
-    zero = ds_config.get("zero_optimization") or {}
-    found = {}
-    for key in ("offload_optimizer", "offload_param"):
-        section = zero.get(key) if isinstance(zero, dict) else None
-        if isinstance(section, dict) and section.get("device") not in (None, "none"):
-            found[key] = (str(section["device"]), section.get("nvme_path"))
-    return found
-
-
-def check_nvme(ds_config: dict, from_file: bool) -> list[UserError]:
+def check_nvme(nvme_dirs: tuple[tuple[str, str], ...]) -> list[UserError]:
+    """Each NVMe offload directory (`(flag or key path, directory)` pairs) exists and is writable."""
     problems = []
-    for key, (device, nvme_path) in _offload_devices(ds_config).items():
-        if device != "nvme":
-            continue
-        flag = f"zero_optimization.{key}.nvme_path" if from_file else "--nvme-path"
-        if not nvme_path or nvme_path == "auto":
-            problems.append(
-                UserError(f"{flag}: NVMe offload ({key}) needs a directory", f"set {flag} to a local NVMe dir")
-            )
-            continue
-        problems += check_writable_dir(Path(nvme_path), flag, create=False)
+    for flag, path in nvme_dirs:
+        problems += check_writable_dir(Path(path), flag, create=False)
     return problems
 
 
@@ -132,34 +123,21 @@ def host_mem_bytes() -> int:
     return psutil.virtual_memory().total
 
 
-def _plan_offload(ds_config: dict) -> str | None:
-    devices = {key: device for key, (device, _) in _offload_devices(ds_config).items()}
-    if devices.get("offload_optimizer") != "cpu":
-        return None  # NVMe offload keeps states on disk; no CPU offload, nothing extra in RAM
-    return "optimizer+param" if devices.get("offload_param") == "cpu" else "optimizer"
-
-
-def check_host_ram(
-    ds_config: dict, *, shape, precision: str, local_ranks: int, nodes: int, lora_r: int | None
-) -> list[UserError]:
-    """The planner's host RAM per node for this offload against the RAM this host has."""
-    offload = _plan_offload(ds_config)
-    stage = (ds_config.get("zero_optimization") or {}).get("stage", 0)
-    if offload is None or stage not in (1, 2, 3):
+def check_host_ram(view: PlannerView) -> list[UserError]:
+    """The planner's host RAM per node for this run's CPU offload against the RAM this host has."""
+    if view.offload == "none" or view.strategy not in ("zero1", "zero2", "zero3"):
         return []
-    from zero_kit.plan.memory import HOST_BASELINE_PER_RANK, Workload, state_terms
+    from zero_kit.plan.memory import state_terms
 
-    strategy = f"zero{stage}"
-    if offload == "optimizer+param" and strategy != "zero3":
-        offload = "optimizer"
-    work = Workload(shape=shape, n_params=shape.n_params, precision=precision, lora_r=lora_r)
-    _, offloaded, _ = state_terms(strategy, offload, work, local_ranks * nodes)
+    ranks = view.ranks_per_node
+    _, offloaded, _ = state_terms(view.strategy, view.offload, view.workload, ranks * view.nodes)
     # The planner's host model (zero_kit.plan.memory.host_terms) less its loading phase, whose fixed 5 GiB shard
     # would refuse tiny models: what the offload itself holds, pinned, plus each rank's baseline.
     ((states, formula),) = offloaded.values()
+    baseline = view.assume.host_baseline_bytes
     terms = {
-        "baseline per rank": (local_ranks * HOST_BASELINE_PER_RANK, f"{local_ranks} x 2 GiB"),
-        "offloaded states, pinned": (local_ranks * states, f"{local_ranks} x ({formula})"),
+        "baseline per rank": (ranks * baseline, f"{ranks} x {baseline / GIB:g} GiB"),
+        "offloaded states, pinned": (ranks * states, f"{ranks} x ({formula})"),
     }
     need, have = sum(v for v, _ in terms.values()), host_mem_bytes()
     if need <= have:
@@ -167,50 +145,30 @@ def check_host_ram(
     detail = "; ".join(f"{name} {_gib(value)} ({formula})" for name, (value, formula) in terms.items())
     return [
         UserError(
-            f"offload_optimizer=cpu ({strategy}, {offload} offload): host RAM {_gib(have)} < about {_gib(need)} needed"
-            f" per node by {local_ranks} rank(s) [{detail}]",
+            f"offload_optimizer=cpu ({view.strategy}, {view.offload} offload): host RAM {_gib(have)} < about"
+            f" {_gib(need)} needed per node by {ranks} rank(s) [{detail}]",
             "offload to nvme (--offload-optimizer nvme --nvme-path DIR), use fewer ranks per node, or a host with"
             " more RAM (`zero-kit plan --host-mem` shows what fits)",
         )
     ]
 
 
-def model_shape(model_dir: str | None):
-    """The LlamaShape of --model (or of the embedded default), from its config only: no weights are read."""
-    from zero_kit.model import build_config
-    from zero_kit.plan.shapes import shape_from_hf_config
-
-    return shape_from_hf_config(build_config(model_dir).to_dict())
-
-
-def run_preflight(
-    ds_config: dict,
-    *,
-    model: str | None,
-    output: Path,
-    lora_r: int | None,
-    from_file: bool,
-    precision: str,
-    local_ranks: int,
-    nodes: int,
-) -> None:
-    """All checks for a `zero-kit train` run (`model`: --model, None for the embedded one; `from_file`: the config
-    came from --ds-config); raises one UserError listing every problem."""
-    shape = model_shape(model)
-    trainable = None
-    if lora_r is not None:
-        from zero_kit.plan.memory import Workload
-
-        trainable = Workload(shape=shape, n_params=shape.n_params, lora_r=lora_r).trainable_params
-    need, formula = checkpoint_bytes(shape.n_params, precision, trainable)
+def run_preflight(output: Path, view: PlannerView, nvme_dirs: tuple[tuple[str, str], ...] = ()) -> None:
+    """All checks for a `zero-kit train` run writing to `output` (--output), whose model, precision, offload and
+    ranks `view` gives; raises one UserError listing every problem."""
+    work = view.workload
+    need, formula = checkpoint_bytes(work.n_params, work.precision, work.trainable_params)
     problems = check_writable_dir(output, "--output", create=True)
     if not problems:
         problems += check_free_space(output, need, formula, "--output")
-    problems += check_nvme(ds_config, from_file=from_file)
-    problems += check_host_ram(
-        ds_config, shape=shape, precision=precision, local_ranks=local_ranks, nodes=nodes, lora_r=lora_r
-    )
+    problems += check_nvme(nvme_dirs)
+    problems += check_host_ram(view)
     raise_all(problems, "before training")
+
+
+def check_run(run: ResolvedRun) -> None:
+    """`run_preflight` for one rank of a resolved `zero-kit train` run."""
+    run_preflight(run.output, run.planner, run.nvme_dirs)
 
 
 _DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded", errno.EROFS: "read-only"}
@@ -252,13 +210,3 @@ def disk_errors_as_user_errors(output: Path) -> Iterator[None]:
             "free space (or fix the mount) and relaunch with --resume auto: it continues from the last complete"
             " checkpoint",
         ) from err
-
-
-def check_training_run(ds_config: dict, args, **run) -> None:
-    """`run_preflight` for one rank of `zero-kit train` (args: its HF TrainingArguments; `run`: model, output,
-    lora_r, from_file): precision from the arguments, ranks per node from the launcher's LOCAL_WORLD_SIZE (else
-    all ranks on this host)."""
-    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-    local_ranks = local_world_size(args.world_size)
-    nodes = max(1, args.world_size // max(local_ranks, 1))
-    run_preflight(ds_config, precision=precision, local_ranks=local_ranks, nodes=nodes, **run)

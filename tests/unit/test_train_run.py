@@ -1,0 +1,154 @@
+"""zero_kit.train.run: a `zero-kit train` run resolved once, without a process group: device and backend from
+zero_kit.dist, precision from the flags or a --ds-config file, batch and learning rate, the planner's view, and
+every refusal as a UserError naming the flag or key."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from zero_kit import dist
+from zero_kit.errors import UserError
+from zero_kit.hf import deepspeed_config
+from zero_kit.plan.assumptions import Assumptions
+from zero_kit.train.options import TrainOptions
+from zero_kit.train.run import Machine, ResolvedRun, detect_machine, resolve_run
+
+CPU = Machine("cpu", "gloo", rank=0, world_size=1, local_size=1, bf16_supported=False)
+GPU_BF16 = dataclasses.replace(CPU, device="cuda:0", backend="nccl", bf16_supported=True)
+GPU_FP16 = dataclasses.replace(GPU_BF16, bf16_supported=False)
+
+
+def _file(tmp_path, name: str = "ds.json", **changes) -> str:
+    """A --ds-config file the HF Trainer accepts: the generated stage-2 dict with `changes` merged in."""
+    config = {**deepspeed_config(stage=2), **changes}
+    path = tmp_path / name
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def test_device_and_backend_come_from_dist_and_sizes_from_the_launcher(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    machine = detect_machine()
+    assert (machine.device, machine.backend) == dist.device_and_backend()
+    assert (machine.rank, machine.world_size, machine.local_size, machine.nodes) == (3, 4, 2, 2)
+
+
+def test_a_bad_launcher_world_size_is_a_user_error(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(UserError, match="WORLD_SIZE='two'"):
+        detect_machine()
+
+
+def test_the_run_is_frozen_and_holds_the_generated_dict():
+    run = resolve_run(TrainOptions(stage=3), CPU)
+    assert isinstance(run, ResolvedRun) and not run.from_file
+    assert run.zero_stage == run.ds_config["zero_optimization"]["stage"] == 3
+    # on the CPU the Adam section asks for torch's AdamW (RunAdjustments.torch_adam)
+    assert run.ds_config["optimizer"]["params"]["torch_adam"] is True
+    assert "torch_adam" not in resolve_run(TrainOptions(stage=3), GPU_BF16).ds_config["optimizer"]["params"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.precision = "bf16"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("choice", "machine", "expected"),
+    [("auto", CPU, "fp32"), ("auto", GPU_BF16, "bf16"), ("auto", GPU_FP16, "fp16"), ("fp32", GPU_BF16, "fp32")],
+)
+def test_precision_from_the_flag_and_the_machine(choice, machine, expected):
+    run = resolve_run(TrainOptions(precision=choice), machine)
+    assert run.precision == run.planner.workload.precision == expected
+
+
+@pytest.mark.parametrize("choice", ["bf16", "fp16"])
+def test_half_precision_on_cpu_is_refused_naming_the_flag(choice):
+    with pytest.raises(UserError) as err:
+        resolve_run(TrainOptions(precision=choice), CPU)
+    assert err.value.message == f"--precision {choice} needs a GPU; this host has none"
+    assert "--precision fp32" in err.value.fix
+
+
+def test_precision_from_a_ds_config_file(tmp_path):
+    path = _file(tmp_path, fp16={"enabled": True})
+    # --precision auto: the file's fp16 wins over bf16, which this GPU would pick
+    run = resolve_run(TrainOptions(ds_config=path), GPU_BF16)
+    assert run.precision == run.options.precision == "fp16" and run.from_file
+    # "auto" in the file: the flag decides
+    assert resolve_run(TrainOptions(ds_config=_file(tmp_path, "auto.json")), GPU_BF16).precision == "bf16"
+    with pytest.raises(UserError) as err:
+        resolve_run(TrainOptions(ds_config=path, precision="bf16"), GPU_BF16)
+    assert "--precision bf16 vs fp16 in the file" in err.value.message and '"auto"' in err.value.fix
+
+
+def test_a_file_enabling_bf16_on_cpu_is_refused_naming_the_file(tmp_path):
+    path = _file(tmp_path, bf16={"enabled": True})
+    with pytest.raises(UserError) as err:
+        resolve_run(TrainOptions(ds_config=path), CPU)
+    assert err.value.message == f"--ds-config {path} enables bf16, which needs a GPU; this host has none"
+    assert "bf16.enabled" in err.value.fix
+
+
+def test_batch_and_learning_rate_from_the_flags():
+    run = resolve_run(TrainOptions(micro_batch=2, grad_accum=3), CPU)
+    assert (run.micro_batch, run.grad_accum, run.learning_rate) == (2, 3, 1e-3)  # the embedded model's default
+    assert resolve_run(TrainOptions(lora_r=8), CPU).learning_rate == 2e-4
+    assert resolve_run(TrainOptions(lr=5e-5, lora_r=8), CPU).learning_rate == 5e-5
+
+
+def test_batch_and_learning_rate_from_a_ds_config_file_resolved_once(tmp_path):
+    optimizer = {"type": "AdamW", "params": {"lr": 3e-5, "weight_decay": "auto"}}
+    path = _file(tmp_path, train_micro_batch_size_per_gpu=8, gradient_accumulation_steps=2, optimizer=optimizer)
+    run = resolve_run(TrainOptions(ds_config=path, grad_accum=2), CPU)
+    assert (run.micro_batch, run.grad_accum, run.learning_rate) == (8, 2, 3e-5)
+    # the run record keeps the options as the run used them
+    assert (run.options.micro_batch, run.options.lr) == (8, 3e-5)
+    with pytest.raises(UserError) as err:
+        resolve_run(TrainOptions(ds_config=path, grad_accum=4, micro_batch=6), CPU)
+    assert "--grad-accum 4 vs 2 in the file" in err.value.message and "--micro-batch 6 vs 8" in err.value.message
+
+
+def test_world_and_planner_view():
+    machine = dataclasses.replace(CPU, rank=1, world_size=8, local_size=4)
+    run = resolve_run(TrainOptions(stage=3, offload_optimizer="cpu", offload_param="cpu", max_length=64), machine)
+    view = run.planner
+    assert (view.strategy, view.offload, view.ranks_per_node, view.nodes) == ("zero3", "optimizer+param", 4, 2)
+    assert view.workload.seq_len == 64 and view.workload.micro_batch == 4
+    assert view.assume == Assumptions()  # `zero-kit train` has no --assume: the planner's defaults
+    stage2 = resolve_run(TrainOptions(stage=2, offload_optimizer="cpu"), machine).planner
+    assert (stage2.strategy, stage2.offload) == ("zero2", "optimizer")
+
+
+def test_nvme_dirs_name_where_they_were_set(tmp_path):
+    nvme = str(tmp_path / "nv")
+    run = resolve_run(TrainOptions(stage=3, offload_param="nvme", nvme_path=nvme), CPU)
+    assert run.nvme_dirs == (("--nvme-path", nvme),) and run.planner.offload == "none"
+    zero = {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": nvme}}
+    from_file = resolve_run(TrainOptions(ds_config=_file(tmp_path, zero_optimization=zero)), CPU)
+    assert from_file.nvme_dirs == (("zero_optimization.offload_param.nvme_path", nvme),)
+
+
+def test_nvme_offload_without_a_path_is_refused_by_the_generator():
+    """Preflight no longer checks a missing NVMe path: the generator refuses the flags before any I/O."""
+    with pytest.raises(UserError) as err:
+        resolve_run(TrainOptions(stage=3, offload_param="nvme"), CPU)
+    assert "--offload-param nvme needs --nvme-path DIR" in err.value.message and "--nvme-path" in err.value.fix
+
+
+def test_nvme_offload_without_a_path_in_a_file_is_refused_by_the_linter(tmp_path):
+    """... and the linter (lint/rules_zero.py, an error) refuses the file, naming the key."""
+    zero = {"stage": 3, "offload_param": {"device": "nvme"}}
+    path = _file(tmp_path, zero_optimization=zero)
+    with pytest.raises(UserError) as err:
+        resolve_run(TrainOptions(ds_config=path), CPU)
+    assert "--ds-config" in err.value.message and "zero_optimization.offload_param.nvme_path" in err.value.message
+
+
+def test_generator_flags_beside_a_file_are_refused_before_resolving(tmp_path):
+    from zero_kit.train.options import check_options
+
+    with pytest.raises(UserError, match="--ds-config was given together with --stage"):
+        check_options(TrainOptions(ds_config=_file(tmp_path), stage=3))
