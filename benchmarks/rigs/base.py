@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 # binary -> Debian package that provides it (Debian 12: Slurm 22.05, OpenSSH 9.2, pdsh 2.34)
 BINARY_PACKAGES = {
@@ -54,6 +55,7 @@ def private_extensions_dir() -> Path:
     return Path.home() / ".cache" / "zero_kit" / "torch_extensions" / key
 
 
+T = TypeVar("T")
 _children: dict[int, subprocess.Popen] = {}  # daemons this process started: reaped on stop, so none stays a zombie
 
 
@@ -108,12 +110,21 @@ def run(argv: Sequence[str], timeout: float = 30, check: bool = True, **kwargs) 
     return done
 
 
-def wait_until(ready: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> None:
+def wait_until(
+    ready: Callable[[], T], timeout: float, what: str, interval: float = 0.2, gone: Callable[[], str] | None = None
+) -> T:
+    """Poll `ready()` until it returns something truthy, and return that. RigError when `timeout` seconds pass, or
+    as soon as `gone()` names why it can no longer happen (the process that would make it ready has ended).
+    The one wait of the rigs and of every test tier (tests/support re-uses it)."""
     deadline = time.monotonic() + timeout
-    while not ready():
+    while not (value := ready()):
+        reason = gone() if gone is not None else ""
+        if reason:
+            raise RigError(f"{reason} before {what}")
         if time.monotonic() > deadline:
             raise RigError(f"{what} not ready after {timeout} s")
         time.sleep(interval)
+    return value
 
 
 def start_daemon(namespace: str, hostname: str, argv: Sequence[str], log: Path, pid_file: Path) -> int:
