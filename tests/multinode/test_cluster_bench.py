@@ -13,26 +13,24 @@ that crossed the inter-node link counted by tier. Prefixes zkbp (pdsh, 10.78.53.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from benchmarks.rigs import slurm_cluster, ssh_hosts, write_hostfile
-from benchmarks.rigs.base import build_cpu_ops
 from tests.support.jobs import zero_kit
+from tests.support.rigs import rig_marks
 from zero_kit.bench import BenchOptions, run_bench
 
-pytestmark = [pytest.mark.multinode, pytest.mark.skipif(os.geteuid() != 0, reason="the rigs need root")]
+pytestmark = rig_marks()
 STRATEGIES = "ddp,fsdp,zero3"
 SIZE = ["--hidden-size", "96", "--layers", "2", "--vocab-size", "256", "--seq-len", "32", "--micro-batch", "2",
         "--steps", "6", "--warmup", "1", "--timeout", "300"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def single_node(tmp_path_factory) -> dict[str, list[float]]:
-    build_cpu_ops(timeout=900)
+def single_node(tmp_path_factory, cpu_ops) -> dict[str, list[float]]:
     out = tmp_path_factory.mktemp("bench_single")
     opts = BenchOptions(strategies=STRATEGIES, nproc=2, hidden_size=96, layers=2, vocab_size=256, seq_len=32,
                         micro_batch=2, steps=6, warmup=1, master_port=29880, timeout=300, out=str(out))  # fmt: skip

@@ -35,14 +35,14 @@ from fault_helpers import (
 )
 
 from benchmarks.rigs import set_link, slurm_cluster, ssh_hosts, write_hostfile
-from benchmarks.rigs.base import build_cpu_ops
 from benchmarks.rigs.slurm import job_id as slurm_job_id
 from tests.support.jobs import VENV, Job, wait_for, zero_kit
+from tests.support.rigs import rig_marks
 from tests.support.runs import checkpoint_step, logged_steps, pointer, resumed_from
 from zero_kit.train.options import EXIT_PREEMPTED
 from zero_kit.watchdog import EXIT_STALLED, KILL_GRACE_S, POLL_S
 
-pytestmark = [pytest.mark.multinode, pytest.mark.skipif(os.geteuid() != 0, reason="the rigs need root")]
+pytestmark = rig_marks()
 RUN_TIMEOUT_S = 420
 # A node lost: the survivors' gloo connections are reset at once, their launcher ends them; measured 5-10 s.
 NODE_LOSS_BOUND_S = 30
@@ -52,11 +52,6 @@ SLURM_NODE_LOSS_BOUND_S = 60
 # Stall detection polls every POLL_S; a stopped rank's guardian kills it at once, a running one gets KILL_GRACE_S;
 # then the launchers and pdsh unwind (on a cut link the ssh keepalive, 3 x 5 s, ends host 1's session first).
 STALL_BOUND_S = STALL_S + 2 * POLL_S + KILL_GRACE_S + 20
-
-
-@pytest.fixture(scope="module")
-def cpu_ops():
-    build_cpu_ops(timeout=900)
 
 
 def _pdsh_argv(rig, tmp: Path, out: Path, port: int) -> list[str]:

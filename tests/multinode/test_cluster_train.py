@@ -12,25 +12,20 @@ Prefixes zkcs (Slurm, 10.78.51.x) and zkcp (pdsh, 10.78.52.x). Ports 29870-29879
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from benchmarks.rigs import slurm_cluster, ssh_hosts, write_hostfile
-from benchmarks.rigs.base import build_cpu_ops, rig_env
+from benchmarks.rigs.base import rig_env
 from tests.support.jobs import FAULTS_SITE, VENV, pythonpath_with, run, zero_kit
+from tests.support.rigs import rig_marks
 from tests.support.runs import assert_trained
 
-pytestmark = [pytest.mark.multinode, pytest.mark.skipif(os.geteuid() != 0, reason="the rigs need root")]
+pytestmark = rig_marks()
 STEPS = 3
 JOB = ["--max-steps", str(STEPS), "--max-length", "64", "--micro-batch", "2", "--stall-timeout", "60"]
-
-
-@pytest.fixture(scope="module")
-def cpu_ops():
-    build_cpu_ops(timeout=900)
 
 
 def _zero_kit(*args: str, cwd: Path) -> None:
