@@ -17,7 +17,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 # binary -> Debian package that provides it (Debian 12: Slurm 22.05, OpenSSH 9.2, pdsh 2.34)
 BINARY_PACKAGES = {
@@ -54,6 +56,7 @@ def private_extensions_dir() -> Path:
     return Path.home() / ".cache" / "zero_kit" / "torch_extensions" / key
 
 
+T = TypeVar("T")
 _children: dict[int, subprocess.Popen] = {}  # daemons this process started: reaped on stop, so none stays a zombie
 
 
@@ -108,12 +111,61 @@ def run(argv: Sequence[str], timeout: float = 30, check: bool = True, **kwargs) 
     return done
 
 
-def wait_until(ready: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> None:
+def wait_until(
+    ready: Callable[[], T], timeout: float, what: str, interval: float = 0.2, gone: Callable[[], str] | None = None
+) -> T:
+    """Poll `ready()` until it returns something truthy, and return that. RigError when `timeout` seconds pass, or
+    as soon as `gone()` names why it can no longer happen (the process that would make it ready has ended).
+    The one wait of the rigs and of every test tier (tests/support re-uses it)."""
     deadline = time.monotonic() + timeout
-    while not ready():
+    while not (value := ready()):
+        reason = gone() if gone is not None else ""
+        if reason:
+            raise RigError(f"{reason} before {what}")
         if time.monotonic() > deadline:
             raise RigError(f"{what} not ready after {timeout} s")
         time.sleep(interval)
+    return value
+
+
+class Hosts(Protocol):
+    """The two hosts a rig runs on (netns.TwoHosts)."""
+
+    names: tuple[str, str]
+    addresses: tuple[str, str]
+
+    def exec(self, node: int, *argv: str) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class OnHosts:
+    """What every rig handle shares (SshHosts, SlurmCluster): its hosts, its folder, and running a command on one
+    of the hosts through `command` (the host's namespace, plus whatever the rig's clients need)."""
+
+    hosts: Hosts
+    root: Path
+
+    def command(self, argv: Sequence[str], node: int = 0) -> list[str]:
+        return self.hosts.exec(node, *argv)
+
+    def run(self, argv: Sequence[str], timeout: float = 60, env: Mapping[str, str] | None = None,
+            cwd: str | Path | None = None, node: int = 0) -> subprocess.CompletedProcess:  # fmt: skip
+        """Run on `node` (default: host 0, where launchers and Slurm clients belong) and return the result whatever
+        the exit code; TimeoutExpired after `timeout`. The default environment is rig_env(): the venv's bin first
+        on PATH and the private TORCH_EXTENSIONS_DIR (a Slurm job inherits the submitter's: --export=ALL)."""
+        return subprocess.run(self.command(argv, node), capture_output=True, text=True, timeout=timeout,
+                              env=dict(env or rig_env()), cwd=cwd)  # fmt: skip
+
+
+@contextlib.contextmanager
+def rig_session(up: Callable[[], T], down: Callable[[], object]) -> Iterator[T]:
+    """The rig `up()` builds, for the body; `down()` always runs after, also when the body fails, times out or
+    is ended by SIGTERM (see sigterm_raises)."""
+    with sigterm_raises():
+        try:
+            yield up()
+        finally:
+            down()
 
 
 def start_daemon(namespace: str, hostname: str, argv: Sequence[str], log: Path, pid_file: Path) -> int:

@@ -13,23 +13,23 @@ TORCH_EXTENSIONS_DIR.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.rigs.base import (
     ETC_NETNS,
+    OnHosts,
     RigError,
     private_extensions_dir,
     rank_path,
     require,
-    rig_env,
+    rig_session,
     run,
-    sigterm_raises,
     start_daemon,
     wait_until,
     write_etc_hosts,
@@ -72,20 +72,7 @@ def pdsh_dir(prefix: str) -> Path:
 
 
 @dataclass(frozen=True)
-class SshHosts:
-    hosts: TwoHosts
-    root: Path
-
-    def command(self, argv: Sequence[str], node: int = 0) -> list[str]:
-        return self.hosts.exec(node, *argv)
-
-    def run(self, argv: Sequence[str], timeout: float = 60, env: Mapping[str, str] | None = None,
-            cwd: str | Path | None = None, node: int = 0) -> subprocess.CompletedProcess:  # fmt: skip
-        """Run on `node` (default: host 0, where a launcher belongs) whatever the exit code; TimeoutExpired after
-        `timeout`. The default environment is rig_env(): the venv's bin first on PATH."""
-        return subprocess.run(self.command(argv, node), capture_output=True, text=True, timeout=timeout,
-                              env=dict(env or rig_env()), cwd=cwd)  # fmt: skip
-
+class SshHosts(OnHosts):
     def start_sshd(self, node: int) -> int:
         """Start host `node`'s sshd (at `up`, or again after a test killed everything on the host: a reboot)."""
         sshd = [shutil.which("sshd", path="/usr/sbin:/usr/bin") or "/usr/sbin/sshd",  # sshd wants an absolute path
@@ -167,11 +154,6 @@ def ssh_down(prefix: str) -> None:
     remove_daemon_rig(prefix, root, [root / "sshd0.pid", root / "sshd1.pid"])
 
 
-@contextlib.contextmanager
-def ssh_hosts(prefix: str, subnet: int, timeout: float = 15) -> Iterator[SshHosts]:
+def ssh_hosts(prefix: str, subnet: int, timeout: float = 15) -> AbstractContextManager[SshHosts]:
     """The two sshd hosts for the body; always removed on exit, also when the body fails or times out."""
-    with sigterm_raises():
-        try:
-            yield ssh_up(prefix, subnet, timeout)
-        finally:
-            ssh_down(prefix)
+    return rig_session(lambda: ssh_up(prefix, subnet, timeout), lambda: ssh_down(prefix))

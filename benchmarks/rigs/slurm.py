@@ -9,23 +9,15 @@ Nothing under the real /etc is touched except /etc/netns/PREFIX0 and PREFIX1 (re
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.rigs.base import (
-    require,
-    rig_env,
-    run,
-    sigterm_raises,
-    start_daemon,
-    wait_until,
-    write_etc_hosts,
-)
+from benchmarks.rigs.base import OnHosts, require, rig_session, run, start_daemon, wait_until, write_etc_hosts
 from benchmarks.rigs.netns import TwoHosts, make_hosts, remove_daemon_rig
 
 DAEMONS = ("slurmd1", "slurmd0", "slurmctld", "munged")  # stop order: munged last, the others talk through it
@@ -36,10 +28,7 @@ def slurm_dir(prefix: str) -> Path:
 
 
 @dataclass(frozen=True)
-class SlurmCluster:
-    hosts: TwoHosts
-    root: Path
-
+class SlurmCluster(OnHosts):
     @property
     def conf(self) -> Path:
         return self.root / "slurm.conf"
@@ -51,14 +40,6 @@ class SlurmCluster:
     def command(self, argv: Sequence[str], node: int = 0) -> list[str]:
         """argv that runs a Slurm client (or anything) on `node` with SLURM_CONF pointing at this cluster."""
         return self.hosts.exec(node, "env", f"SLURM_CONF={self.conf}", *argv)
-
-    def run(self, argv: Sequence[str], timeout: float = 60, env: Mapping[str, str] | None = None,
-            cwd: str | Path | None = None, node: int = 0) -> subprocess.CompletedProcess:  # fmt: skip
-        """Run on `node` and return the result whatever the exit code (TimeoutExpired after `timeout`). The
-        submitter's environment reaches the job (sbatch/srun --export=ALL): by default rig_env(), which carries
-        the venv's PATH and the private TORCH_EXTENSIONS_DIR."""
-        return subprocess.run(self.command(argv, node), capture_output=True, text=True, timeout=timeout,
-                              env=dict(env or rig_env()), cwd=cwd)  # fmt: skip
 
     def sbatch_wait(self, script: str | Path, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
         """`sbatch --wait SCRIPT`: exits with the largest task exit code once the job ends."""
@@ -191,14 +172,9 @@ def slurm_down(prefix: str) -> None:
     remove_daemon_rig(prefix, root, [root / f"{name}.pid" for name in DAEMONS])
 
 
-@contextlib.contextmanager
-def slurm_cluster(prefix: str, subnet: int, timeout: float = 30) -> Iterator[SlurmCluster]:
+def slurm_cluster(prefix: str, subnet: int, timeout: float = 30) -> AbstractContextManager[SlurmCluster]:
     """The cluster for the body; always removed on exit, also when the body fails or times out."""
-    with sigterm_raises():
-        try:
-            yield slurm_up(prefix, subnet, timeout)
-        finally:
-            slurm_down(prefix)
+    return rig_session(lambda: slurm_up(prefix, subnet, timeout), lambda: slurm_down(prefix))
 
 
 def job_id(sbatch_output: str) -> int | None:

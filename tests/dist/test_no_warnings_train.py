@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from train_helpers import FAST, env
+
+from tests.support.jobs import FAST, env
 
 pytestmark = pytest.mark.dist
 

@@ -19,21 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from reliability_helpers import (
-    STEPS,
-    files_in,
-    kill_group,
-    logged_steps,
-    pointer,
-    rank_pid,
-    resumed_from,
-    start,
-    survivors,
-    wait_until,
-)
-from train_helpers import load_safetensors_dir, log_records
+from reliability_helpers import STEPS, rank_pid, start
 
+from tests.support.jobs import kill_group, survivors, wait_for
+from tests.support.runs import assert_bitwise_equal, files_in, log_records, logged_steps, pointer, resumed_from
 from zero_kit.train import checkpoint
 from zero_kit.train.options import EXIT_PREEMPTED
 
@@ -60,7 +49,7 @@ def test_1_killed_rank_stops_the_job_in_bounded_time(shared):
     out = shared["out"]
     job = start(out, 29802)
     # Kill while step 3 or 4 runs: checkpoint-2 is complete, so the resume point is known.
-    wait_until(job, lambda: pointer(out) == "checkpoint-2" and 3 in logged_steps(out), "step 3")
+    wait_for(lambda: pointer(out) == "checkpoint-2" and 3 in logged_steps(out), "step 3", job, poll=0.005)
     os.kill(rank_pid(job, 1), signal.SIGKILL)
     killed_at = time.monotonic()
     code = job.proc.wait(timeout=TIMEOUT_S)
@@ -93,7 +82,7 @@ def test_2_kill_during_save_resumes_from_previous_complete(shared, index):
     out, (moment, expected_files), complete = shared["out"], MOMENTS[index], shared["complete"]
     ck, marker = out / f"checkpoint-{complete + 2}", out.parent / "fault.marker"
     job = start(out, 29810 + index, "--resume", "auto", pause=(moment, ck.name, marker))
-    wait_until(job, marker.is_file, f"the save of {ck.name} to reach '{moment}'", poll=0.05)
+    wait_for(marker.is_file, f"the save of {ck.name} to reach '{moment}'", job, poll=0.05)
     kill_group(job.proc)  # SIGKILL launcher and every rank at once: a node losing power mid-save
     seen = files_in(ck)
     print(f"\nkilled at '{moment}' of the save of {ck.name}: {len(seen)} file(s) there: {seen}")
@@ -109,7 +98,7 @@ def test_2_kill_during_save_resumes_from_previous_complete(shared, index):
 def test_3_sigterm_saves_exits_75_and_resumes_there(shared):
     out, complete, records = shared["out"], shared["complete"], len(logged_steps(shared["out"]))
     job = start(out, 29820, "--resume", "auto")
-    wait_until(job, lambda: len(logged_steps(out)) > records, "the first step after resuming", poll=0.02)
+    wait_for(lambda: len(logged_steps(out)) > records, "the first step after resuming", job, poll=0.02)
     job.proc.send_signal(signal.SIGTERM)  # the plain `zero-kit train` forwards it to every rank
     code = job.wait(TIMEOUT_S)
     assert resumed_from(job.text()) == complete  # the last kill of test 2 left the next checkpoint incomplete
@@ -127,11 +116,7 @@ def test_4_final_weights_bitwise_equal_to_uninterrupted_run(shared, reference):
     assert job.wait(TIMEOUT_S) == 0, job.text()[-4000:]
     assert resumed_from(job.text()) == shared["preempted_at"]
     assert log_records(out)[-1]["step"] == STEPS
-    resumed, uninterrupted = load_safetensors_dir(out / "final"), load_safetensors_dir(reference / "final")
-    assert resumed.keys() == uninterrupted.keys() and resumed
-    for name, tensor in uninterrupted.items():
-        assert tensor.dtype == torch.float32
-        assert torch.equal(resumed[name], tensor), f"{name} differs from the uninterrupted run"
+    assert_bitwise_equal(out / "final", reference / "final", "from the uninterrupted run")
     print(
         f"\nrank kill: job stopped in {shared['stop_s']:.1f} s, {shared['steps_lost']} step(s) lost;"
         f" save-kill moments (point, files present): {shared['moments']}; preempted at {shared['preempted_at']}"

@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from train_helpers import FAST, env, zero_kit
 
+from tests.support.jobs import FAST, env, zero_kit
 from zero_kit.train import checkpoint
 from zero_kit.train.preflight import HOST_MEM_ENV
 

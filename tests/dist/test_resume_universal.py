@@ -15,8 +15,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from reliability_helpers import resumed_from, start
-from train_helpers import log_records
+from reliability_helpers import start
+
+from tests.support.runs import log_records, resumed_from
 
 pytestmark = pytest.mark.dist
 LOSS_RTOL = 1e-4  # as test_reliability.py's test_6

@@ -5,14 +5,21 @@ bitwise the same weights as an uninterrupted run; a SIGTERM (preemption) saves, 
 from __future__ import annotations
 
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import FAST, assert_trained, env, load_safetensors_dir, log_records, run, run_info, zero_kit
 
+from tests.support.jobs import FAST, PROBE_SITE, env, kill_group, run, start, wait_for, zero_kit
+from tests.support.runs import (
+    assert_bitwise_equal,
+    assert_trained,
+    log_records,
+    logged_steps,
+    pointer,
+    resumed_from,
+    run_info,
+)
 from zero_kit.train.options import EXIT_PREEMPTED
 
 pytestmark = pytest.mark.dist
@@ -26,7 +33,7 @@ def uninterrupted(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("zk_train_u")
     probe = out / "probe.pt"
     cmd = zero_kit("train", "--nproc", "2", "--master-port", "29610", "--output", str(out / "run"), *JOB)
-    proc = run(cmd, extra_env={"ZERO_KIT_PROBE_LOGITS": str(probe)})
+    proc = run(cmd, extra_env={"ZERO_KIT_PROBE_LOGITS": str(probe)}, site=PROBE_SITE)
     assert f"step {STEPS}/{STEPS}" in proc.stdout
     return out
 
@@ -63,18 +70,14 @@ def _preempt_after_first_step(out: Path) -> int:
     """SIGTERM the plain `zero-kit train --nproc 2` (as SLURM does before preemption) once step 1 is logged;
     returns its exit code. It forwards the signal to both ranks, which finish the step, save and exit."""
     cmd = zero_kit("train", "--nproc", "2", "--master-port", "29611", "--output", str(out), *JOB)
-    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log = out / "train_log.jsonl"
-    deadline = time.monotonic() + 180
+    job = start(cmd, out.parent / "preempted.log", env=env(), reap=True)
     try:
-        while time.monotonic() < deadline and proc.poll() is None and not (log.is_file() and log.read_text()):
-            time.sleep(0.05)
-        assert proc.poll() is None, "the job ended before it could be preempted"
-        proc.send_signal(signal.SIGTERM)
-        return proc.wait(timeout=120)
+        wait_for(lambda: logged_steps(out), "step 1", job, timeout=180, poll=0.05)
+        job.proc.send_signal(signal.SIGTERM)
+        return job.wait(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if job.proc.poll() is None:
+            kill_group(job.proc)
 
 
 def test_preempted_run_resumes_to_bitwise_equal_weights(uninterrupted, tmp_path):
@@ -82,16 +85,10 @@ def test_preempted_run_resumes_to_bitwise_equal_weights(uninterrupted, tmp_path)
     assert _preempt_after_first_step(out) == EXIT_PREEMPTED
     stopped_at = log_records(out)[-1]["step"]
     assert 1 <= stopped_at < STEPS
-    assert (out / "latest_complete").read_text().strip() == f"checkpoint-{stopped_at}"
+    assert pointer(out) == f"checkpoint-{stopped_at}"
     proc = run(
         zero_kit("train", "--nproc", "2", "--master-port", "29612", "--output", str(out), "--resume", "auto", *JOB)
     )
-    resumed_from = int(proc.stdout.split("resuming from ")[1].split("checkpoint-")[1].split()[0])
-    assert resumed_from == stopped_at
+    assert resumed_from(proc.stdout) == stopped_at
     assert log_records(out)[-1]["step"] == STEPS
-    resumed = load_safetensors_dir(out / "final")
-    reference = load_safetensors_dir(uninterrupted / "run" / "final")
-    assert resumed.keys() == reference.keys()
-    for name, tensor in reference.items():
-        assert tensor.dtype == torch.float32
-        assert torch.equal(resumed[name], tensor), f"{name} differs after resume from step {stopped_at}"
+    assert_bitwise_equal(out / "final", uninterrupted / "run" / "final", f"after resume from step {stopped_at}")

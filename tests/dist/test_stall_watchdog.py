@@ -10,8 +10,10 @@ import signal
 import time
 
 import pytest
-from reliability_helpers import kill_group, logged_steps, rank_pid, start, survivors, wait_until
+from reliability_helpers import rank_pid, start
 
+from tests.support.jobs import kill_group, survivors, wait_for
+from tests.support.runs import logged_steps
 from zero_kit.watchdog import EXIT_STALLED, KILL_GRACE_S, POLL_S
 
 pytestmark = pytest.mark.dist
@@ -24,7 +26,7 @@ def test_a_frozen_rank_ends_the_job_within_the_stall_timeout(tmp_path):
     out = tmp_path / "run"
     job = start(out, 29850, "--max-steps", "400", "--save-steps", "1000", "--stall-timeout", str(STALL_S))
     try:
-        wait_until(job, lambda: len(logged_steps(out)) >= 3, "three steps")
+        wait_for(lambda: len(logged_steps(out)) >= 3, "three steps", job, poll=0.005)
         frozen = rank_pid(job, 1)
         signal_at = time.monotonic()
         os.kill(frozen, signal.SIGSTOP)

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import FAST, VENV_BIN, assert_trained, run, zero_kit
+
+from tests.support.jobs import FAST, PROBE_SITE, VENV_BIN, run, zero_kit
+from tests.support.runs import assert_trained
 
 pytestmark = pytest.mark.dist
 STEPS = 3
@@ -41,7 +43,8 @@ def test_deepspeed_zero3_lora_and_exports(tmp_path):
     launcher = [str(VENV_BIN / "deepspeed"), "--num_gpus", "2", "--master_port", "29622", "--no_local_rank"]
     job = ["--module", "zero_kit.cli", "train", "--stage", "3", "--lora-r", "4", "--max-steps", str(STEPS)]
     probe = tmp_path / "probe.pt"
-    proc = run([*launcher, *job, "--output", str(out), *FAST], extra_env={"ZERO_KIT_PROBE_LOGITS": str(probe)})
+    cmd = [*launcher, *job, "--output", str(out), *FAST]
+    proc = run(cmd, extra_env={"ZERO_KIT_PROBE_LOGITS": str(probe)}, site=PROBE_SITE)
     assert "LoRA r=4" in proc.stdout
     assert_trained(out, STEPS, world_size=2, stage=3)
     _check_adapter_and_merge(out / "final", out / f"checkpoint-{STEPS}", tmp_path / "merged", torch.load(probe))

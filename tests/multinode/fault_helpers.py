@@ -1,85 +1,31 @@
-"""Helpers of tests/multinode/test_cluster_faults.py: one small two-node ZeRO-3 job, started on a rig in the
-background (its own session, log to a file), watched through its output directory (shared by both hosts, like
-a cluster's filesystem), and compared with an uninterrupted run."""
+"""The job of tests/multinode/test_cluster_faults.py: one small two-node ZeRO-3 run, started on a rig in the
+background (tests.support.jobs: its own session, log to a file), watched through its output directory (shared by
+both hosts, like a cluster's filesystem), the job's processes found and killed host by host, and compared with an
+uninterrupted run."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import subprocess
-import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from benchmarks.rigs.base import namespace_pids, rig_env
+from tests.support.jobs import FAST, Job, wait_for
+from tests.support.jobs import start as start_job
+from tests.support.runs import assert_bitwise_equal, logged_steps, pointer
 
-VENV = Path(sys.executable).parent.parent
-ZERO_KIT = str(VENV / "bin" / "zero-kit")
 STEPS = 8
 STALL_S = 20
 # ZeRO-3, the embedded tiny model, constant LR (the comparisons are about restored state), a save every 2 steps.
 JOB = ["--stage", "3", "--max-steps", str(STEPS), "--save-steps", "2", "--save-total-limit", "10",
-       "--lr-scheduler", "constant", "--max-length", "64", "--micro-batch", "2", "--log-steps", "1",
-       "--stall-timeout", str(STALL_S)]  # fmt: skip
+       "--lr-scheduler", "constant", *FAST, "--stall-timeout", str(STALL_S)]  # fmt: skip
 JOB_PROCESS_WORDS = ("zero_kit", "deepspeed", "pdsh", "torch.distributed")
 
 
-@dataclass
-class Job:
-    proc: subprocess.Popen
-    log: Path
-    started: float = field(default_factory=time.monotonic)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.is_file() else ""
-
-    def wait(self, timeout: float) -> int:
-        return self.proc.wait(timeout=timeout)
-
-
-def start(argv: list[str], log: Path, cwd: Path, env: dict | None = None) -> Job:
-    with open(log, "w") as out:
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env or rig_env(),
-                                start_new_session=True)  # fmt: skip
-    return Job(proc, log)
-
-
-def logged_steps(out: Path) -> list[int]:
-    path = out / "train_log.jsonl"
-    steps = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            steps.append(json.loads(line)["step"])
-        except ValueError:  # a line cut by SIGKILL
-            continue
-    return steps
-
-
-def pointer(out: Path) -> str | None:
-    path = out / "latest_complete"
-    return path.read_text().strip() if path.is_file() else None
-
-
-def checkpoint_step(out: Path) -> int:
-    """The step of the newest complete checkpoint (what `--resume auto` takes)."""
-    return int(pointer(out).rsplit("-", 1)[1])
-
-
-def wait_for(condition, what: str, job: Job | None = None, timeout: float = 300, poll: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if job is not None and job.proc.poll() is not None:
-            raise AssertionError(f"job exited {job.proc.returncode} before {what}\n{job.text()[-3000:]}")
-        time.sleep(poll)
-    raise AssertionError(f"timed out waiting for {what}" + (f"\n{job.text()[-3000:]}" if job else ""))
+def start(argv: list[str], log: Path, cwd: Path) -> Job:
+    """`argv` in the background with the rigs' environment (rig_env); a test looks for leftovers itself."""
+    return start_job(argv, log, cwd=cwd, env=rig_env())
 
 
 def after_first_checkpoint(out: Path, job: Job | None = None) -> int:
@@ -103,12 +49,6 @@ def between_saves(out: Path, job: Job | None = None) -> int:
         return steps.pop() if len(steps) == 1 and min(steps) > 2 else None
 
     return wait_for(step, "both ranks between two saves after checkpoint-2", job, poll=0.01)
-
-
-def resumed_from(text: str) -> int | None:
-    marker = "zero-kit train: resuming from "
-    lines = [line for line in text.splitlines() if marker in line]
-    return int(lines[-1].rsplit("checkpoint-", 1)[1].split()[0]) if lines else None
 
 
 def job_pids(namespaces: list[str]) -> list[tuple[int, str]]:
@@ -150,19 +90,7 @@ def kill_leftovers(namespaces: list[str]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def load_final(out: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    tensors: dict[str, torch.Tensor] = {}
-    for file in sorted((out / "final").glob("*.safetensors")):
-        tensors.update(load_file(str(file)))
-    return tensors
-
-
-def assert_bitwise_equal(resumed: Path, reference: Path) -> None:
+def assert_finished_like(resumed: Path, reference: Path) -> None:
+    """The resumed run reached the last step with fp32 weights bitwise equal to the uninterrupted run's."""
     assert logged_steps(resumed)[-1] == STEPS
-    got, want = load_final(resumed), load_final(reference)
-    assert got.keys() == want.keys() and want
-    for name, tensor in want.items():
-        assert tensor.dtype == torch.float32, name
-        assert torch.equal(got[name], tensor), f"{name} differs from the uninterrupted run"
+    assert_bitwise_equal(resumed / "final", reference / "final", "from the uninterrupted run")

@@ -13,27 +13,24 @@ that crossed the inter-node link counted by tier. Prefixes zkbp (pdsh, 10.78.53.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks.rigs import slurm_cluster, ssh_hosts, write_hostfile
-from benchmarks.rigs.base import build_cpu_ops
+from tests.support.jobs import zero_kit
+from tests.support.rigs import rig_marks
 from zero_kit.bench import BenchOptions, run_bench
 
-pytestmark = [pytest.mark.multinode, pytest.mark.skipif(os.geteuid() != 0, reason="the rigs need root")]
-VENV_BIN = Path(sys.executable).parent
+pytestmark = rig_marks()
 STRATEGIES = "ddp,fsdp,zero3"
 SIZE = ["--hidden-size", "96", "--layers", "2", "--vocab-size", "256", "--seq-len", "32", "--micro-batch", "2",
         "--steps", "6", "--warmup", "1", "--timeout", "300"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def single_node(tmp_path_factory) -> dict[str, list[float]]:
-    build_cpu_ops(timeout=900)
+def single_node(tmp_path_factory, cpu_ops) -> dict[str, list[float]]:
     out = tmp_path_factory.mktemp("bench_single")
     opts = BenchOptions(strategies=STRATEGIES, nproc=2, hidden_size=96, layers=2, vocab_size=256, seq_len=32,
                         micro_batch=2, steps=6, warmup=1, master_port=29880, timeout=300, out=str(out))  # fmt: skip
@@ -65,7 +62,7 @@ def test_bench_hostfile_runs_every_strategy_across_two_ssh_hosts(tmp_path, singl
     out = tmp_path / "bench"
     with ssh_hosts("zkbp", subnet=53) as rig:
         hostfile = write_hostfile(tmp_path / "hostfile", rig.hosts.names)
-        argv = [str(VENV_BIN / "zero-kit"), "bench", "--hostfile", str(hostfile), "--strategies", STRATEGIES,
+        argv = [*zero_kit("bench"), "--hostfile", str(hostfile), "--strategies", STRATEGIES,
                 "--master-port", "29882", "--out", str(out), *SIZE]  # fmt: skip
         done = rig.run(argv, cwd=tmp_path, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -74,7 +71,7 @@ def test_bench_hostfile_runs_every_strategy_across_two_ssh_hosts(tmp_path, singl
 
 def test_bench_slurm_sbatch_runs_every_strategy_in_one_allocation(tmp_path, single_node):
     out, script = tmp_path / "bench", tmp_path / "bench.sbatch"
-    write = [str(VENV_BIN / "zero-kit"), "bench", "--slurm", "--nodes", "2", "--gpus-per-node", "1",
+    write = [*zero_kit("bench"), "--slurm", "--nodes", "2", "--gpus-per-node", "1",
              "--strategies", STRATEGIES, "--master-port", "29885", "--out", str(out), "-o", str(script), *SIZE]  # fmt: skip
     assert subprocess.run(write, capture_output=True, text=True, timeout=60, cwd=tmp_path).returncode == 0
     with slurm_cluster("zkbs", subnet=54) as cluster:

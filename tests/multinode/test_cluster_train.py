@@ -12,39 +12,28 @@ Prefixes zkcs (Slurm, 10.78.51.x) and zkcp (pdsh, 10.78.52.x). Ports 29870-29879
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks.rigs import slurm_cluster, ssh_hosts, write_hostfile
-from benchmarks.rigs.base import build_cpu_ops, rig_env
+from benchmarks.rigs.base import rig_env
+from tests.support.jobs import FAULTS_SITE, VENV, pythonpath_with, run, zero_kit
+from tests.support.rigs import rig_marks
+from tests.support.runs import assert_trained
 
-pytestmark = [pytest.mark.multinode, pytest.mark.skipif(os.geteuid() != 0, reason="the rigs need root")]
-VENV = Path(sys.executable).parent.parent
-FAULTS = Path(__file__).resolve().parents[1] / "dist" / "reliability_faults"
+pytestmark = rig_marks()
 STEPS = 3
 JOB = ["--max-steps", str(STEPS), "--max-length", "64", "--micro-batch", "2", "--stall-timeout", "60"]
 
 
-@pytest.fixture(scope="module")
-def cpu_ops():
-    build_cpu_ops(timeout=900)
-
-
 def _zero_kit(*args: str, cwd: Path) -> None:
-    done = subprocess.run([str(VENV / "bin" / "zero-kit"), *args], cwd=cwd, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    run(zero_kit(*args), timeout=60, cwd=cwd)
 
 
 def _assert_trained_and_exported(out: Path, stage: int) -> None:
-    info = json.loads((out / "zero_kit_run.json").read_text())
-    assert (info["world_size"], info["zero_stage"]) == (2, stage), info
-    steps = [json.loads(line)["step"] for line in (out / "train_log.jsonl").read_text().splitlines()]
-    assert steps[-1] == STEPS
+    assert_trained(out, STEPS, world_size=2, stage=stage)
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(out / "final")
@@ -52,7 +41,7 @@ def _assert_trained_and_exported(out: Path, stage: int) -> None:
 
 
 def _fault_env(code: int) -> dict[str, str]:
-    path = os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")]))
+    path = pythonpath_with(FAULTS_SITE)
     return rig_env(PYTHONPATH=path, ZERO_KIT_FAULT_EXIT_RANK="1", ZERO_KIT_FAULT_EXIT_CODE=str(code))
 
 
@@ -83,7 +72,7 @@ def test_slurm_job_exit_code_is_the_remote_ranks(tmp_path, cpu_ops):
 
 def _pdsh_train(rig, tmp_path: Path, port: int, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
     hostfile = write_hostfile(tmp_path / "hostfile", rig.hosts.names)
-    argv = [str(VENV / "bin" / "zero-kit"), "train", "--hostfile", str(hostfile), "--master-port", str(port),
+    argv = [*zero_kit("train"), "--hostfile", str(hostfile), "--master-port", str(port),
             "--stage", "3", "--output", str(tmp_path / "run"), *JOB, *extra]  # fmt: skip
     return rig.run(argv, cwd=tmp_path, timeout=420, env=env or rig_env())
 

@@ -8,7 +8,6 @@ Prefixes zkrs (Slurm, 10.78.41.x), zkrp (pdsh, 10.78.42.x), zkrn (netns, 10.78.4
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -29,10 +28,11 @@ from benchmarks.rigs import (
     write_deepspeed_env,
     write_hostfile,
 )
-from benchmarks.rigs.base import build_cpu_ops, is_alive, rig_env, wait_until
+from benchmarks.rigs.base import is_alive, rig_env, wait_until
 from benchmarks.rigs.pdsh import deepspeed_env_defaults
+from tests.support.rigs import namespaces, rig_marks
 
-pytestmark = [pytest.mark.multinode, pytest.mark.skipif(os.geteuid() != 0, reason="the rigs need root")]
+pytestmark = rig_marks()
 
 ALL_REDUCE = """
 import os, socket, sys
@@ -50,16 +50,12 @@ sys.exit(int(os.environ.get("ZK_EXIT_ON_RANK1", "0")) if rank == 1 else 0)
 """
 
 
-def _namespaces() -> str:
-    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
-
-
 def _rig_pids(root: Path) -> list[int]:
     return [int(path.read_text().split()[0]) for path in root.glob("*.pid")]
 
 
 def _assert_gone(prefix: str, root: Path | None = None, pids: list[int] = ()) -> None:
-    assert not [ns for ns in _namespaces().split() if ns.startswith(prefix)], _namespaces()
+    assert not [ns for ns in namespaces() if ns.startswith(prefix)], namespaces()
     assert not list(Path("/etc/netns").glob(f"{prefix}*")) if Path("/etc/netns").exists() else True
     assert root is None or not root.exists()
     assert not [pid for pid in pids if is_alive(pid)], "a rig daemon outlived the rig"
@@ -119,12 +115,6 @@ def test_slurm_down_with_a_job_still_running_and_a_timed_out_wait(tmp_path):
             start = time.monotonic()
     _timed("slurm down with a running job", start)
     _assert_gone("zkrs", cluster.root, pids)
-
-
-@pytest.fixture(scope="module")
-def cpu_ops():
-    """DeepSpeed's shm op built once into the private TORCH_EXTENSIONS_DIR, outside the launcher's timeout."""
-    print(f"\n[rig timing] DeepSpeed CPU op build/cache check: {build_cpu_ops(timeout=900):.1f} s")
 
 
 def _deepspeed(rig, launch_dir: Path, port: int, timeout: float = 180) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ from zero_kit.plan.accounting import (
     zero12_grad_partition_elements,
 )
 from zero_kit.plan.memory import Workload, buffer_terms
-from zero_kit.plan.shapes import KNOWN_SHAPES, closest_known_shape, shape_from_hf_config
+from zero_kit.plan.shapes import KNOWN_SHAPES, closest_known_shape, hf_config, shape_from_hf_config
 
 # Published totals of the Meta checkpoints.
 PUBLISHED = {
@@ -33,15 +33,7 @@ def _meta_model(shape):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        hidden_size=shape.hidden_size,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads,
-        intermediate_size=shape.intermediate_size,
-        vocab_size=shape.vocab_size,
-        tie_word_embeddings=shape.tie_word_embeddings,
-    )
+    config = LlamaConfig(**hf_config(shape))
     with torch.device("meta"):
         return LlamaForCausalLM(config), config
 

@@ -123,3 +123,20 @@ def test_at_most_ten_modules_directly_in_zero_kit():
 def test_no_file_over_400_lines(path):
     lines = len(path.read_text(encoding="utf-8").splitlines())
     assert lines <= 400, f"{path}: {lines} lines; split it by responsibility"
+
+
+def _functions_over(limit: int) -> list[str]:
+    """Every function or method in zero_kit/ longer than `limit` lines, from its `def` to its last line."""
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > limit:
+                    long.append(f"{path.relative_to(PACKAGE.parent)}::{node.name} ({length} lines)")
+    return long
+
+
+def test_no_function_over_60_lines():
+    long = _functions_over(60)
+    assert not long, f"split by responsibility (house style: functions <= 60 lines): {long}"

@@ -100,14 +100,8 @@ def test_mistral_and_qwen2_dirs_load_through_the_same_path(tmp_path, tokenizer, 
     from transformers import AutoModelForCausalLM, MistralConfig, Qwen2Config
 
     config_class = {"mistral": MistralConfig, "qwen2": Qwen2Config}[family]
-    config = config_class(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=len(tokenizer),
-    )
+    # The embedded tiny model's dimensions (one layer) in another family: only the architecture differs.
+    config = config_class(vocab_size=len(tokenizer), **{**TINY_DEFAULTS, "num_hidden_layers": 1})
     torch.manual_seed(0)
     original = AutoModelForCausalLM.from_config(config).eval()
     original.save_pretrained(tmp_path)

@@ -14,6 +14,7 @@ import time
 
 import psutil
 
+from tests.support.jobs import wait_for
 from zero_kit.watchdog import EXIT_STALLED, LONG_PHASE_FACTOR, describe, guard, read_marker, stalled, write_marker
 
 
@@ -45,13 +46,16 @@ def test_only_one_guardian_writes_the_marker(tmp_path):
     assert read_marker(tmp_path, since=time.time() + 60) is None  # a marker from before this run is ignored
 
 
+def _freeze(pid: int) -> None:
+    """SIGSTOP `pid` and wait until it shows as stopped (delivered asynchronously: a loaded machine shows it late)."""
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED, f"pid {pid} stopped", timeout=10, poll=0.05)
+
+
 def test_guardian_kills_a_frozen_rank_and_reports_it(tmp_path):
     frozen = subprocess.Popen(["sleep", "120"])
     try:
-        os.kill(frozen.pid, signal.SIGSTOP)
-        deadline = time.monotonic() + 10  # the stop is delivered asynchronously: a loaded machine shows it late
-        while psutil.Process(frozen.pid).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _freeze(frozen.pid)
         since = time.time() - 10
         beat = {"rank": 0, "phase": "train", "step": 5, "time": since, "host": os.uname().nodename, "pid": frozen.pid}
         (tmp_path / "rank0.json").write_text(json.dumps(beat))
@@ -71,10 +75,7 @@ def test_a_stopped_rank_is_named_when_another_hosts_guardian_wrote_the_report(tm
     frozen rank's own guardian adds it before killing (across hosts each wins about half the time)."""
     frozen = subprocess.Popen(["sleep", "120"])
     try:
-        os.kill(frozen.pid, signal.SIGSTOP)
-        deadline = time.monotonic() + 10
-        while psutil.Process(frozen.pid).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _freeze(frozen.pid)
         since = time.time() - 10
         assert write_marker(tmp_path, "no rank made progress (written on the other host)")
         assert guard(tmp_path, 1, 2, 2.0, frozen.pid, since) == EXIT_STALLED

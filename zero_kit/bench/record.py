@@ -61,10 +61,9 @@ def build_record(
     tiers = counter.summary(steps)["ring_bytes_sent_by_tier"]
     dist.all_gather_object(per_rank, {"state": mine, "mem": peak_memory(device.split(":")[0]), "tiers": tiers})
     cfg = model.config
-    n_params = strategy.n_params  # counted before wrapping: ZeRO-3 empties the module parameters
     tokens = opts.micro_batch * opts.grad_accum * opts.seq_len
     per_rank_tps = tokens / result["median"]
-    fpt = flops_per_token(n_params, cfg.num_hidden_layers, cfg.hidden_size, opts.seq_len)
+    fpt = flops_per_token(strategy.n_params, cfg.num_hidden_layers, cfg.hidden_size, opts.seq_len)
     gpu = device.startswith("cuda")
     return {
         "strategy": strategy.name,
@@ -73,18 +72,7 @@ def build_record(
         "ranks_per_node": _ranks_per_node(counter, world),
         "precision": opts.precision,
         "device": device.split(":")[0],
-        "model": {
-            "n_params": n_params,
-            "layers": cfg.num_hidden_layers,
-            "hidden": cfg.hidden_size,
-            "heads": cfg.num_attention_heads,
-            "kv_heads": cfg.num_key_value_heads,
-            "intermediate": cfg.intermediate_size,
-            "tie_word_embeddings": bool(cfg.tie_word_embeddings),
-            "vocab": cfg.vocab_size,
-            "seq_len": opts.seq_len,
-            "param_numels": strategy.param_numels,  # the exact ZeRO-1/2 gradient partitions depend on them
-        },
+        "model": _model_entry(strategy, model.config, opts.seq_len),
         "batch": {"micro": opts.micro_batch, "grad_accum": opts.grad_accum, "global": tokens // opts.seq_len * world},
         "steps": opts.steps,
         "warmup": opts.warmup,
@@ -94,20 +82,40 @@ def build_record(
         "tokens_per_s": {"per_rank": per_rank_tps, "total": per_rank_tps * world},
         "model_state_bytes_per_rank": {**mine, "all_ranks": [r["state"] for r in per_rank], "how": strategy.notes()},
         "peak_mem_bytes": {k: max(r["mem"][k] for r in per_rank) for k in per_rank[0]["mem"]},
-        "comm_bytes_per_step": {
-            **counter.summary(steps),
-            # All ranks together, per link tier (the ring model in zero_kit.metrics): what crosses the slow link.
-            "ring_bytes_sent_all_ranks_by_tier": {
-                tier: sum(r["tiers"][tier] for r in per_rank) for tier in ("intra_node", "inter_node")
-            },
-            "ranks_per_node": _ranks_per_node(counter, world),
-        },
+        "comm_bytes_per_step": _comm_entry(counter, steps, per_rank, world),
         "deepspeed_comms_logger_per_step": result["ds_comms_log"],  # --ds-comms-log: DeepSpeed's own view
         "compiled_graphs": _compiled_graphs() if opts.compile else None,  # proof that torch.compile really ran
         "flops_per_token": fpt,
         "mfu": mfu(per_rank_tps, fpt, peak_flops(torch_device_name(device), opts.precision)) if gpu else None,
         "options": dataclasses.asdict(opts),
         **_environment(device),
+    }
+
+
+def _model_entry(strategy, cfg, seq_len: int) -> dict[str, Any]:
+    """The model's shape as the record (and the planner's calibration) reads it back."""
+    return {
+        "n_params": strategy.n_params,  # counted before wrapping: ZeRO-3 empties the module parameters
+        "layers": cfg.num_hidden_layers,
+        "hidden": cfg.hidden_size,
+        "heads": cfg.num_attention_heads,
+        "kv_heads": cfg.num_key_value_heads,
+        "intermediate": cfg.intermediate_size,
+        "tie_word_embeddings": bool(cfg.tie_word_embeddings),
+        "vocab": cfg.vocab_size,
+        "seq_len": seq_len,
+        "param_numels": strategy.param_numels,  # the exact ZeRO-1/2 gradient partitions depend on them
+    }
+
+
+def _comm_entry(counter: CommCounter, steps: int, per_rank: list[dict], world: int) -> dict[str, Any]:
+    return {
+        **counter.summary(steps),
+        # All ranks together, per link tier (the ring model in zero_kit.metrics): what crosses the slow link.
+        "ring_bytes_sent_all_ranks_by_tier": {
+            tier: sum(r["tiers"][tier] for r in per_rank) for tier in ("intra_node", "inter_node")
+        },
+        "ranks_per_node": _ranks_per_node(counter, world),
     }
 
 

@@ -163,41 +163,24 @@ def model_state_bytes(
     `secondary_ranks` (hpZ): a second parameter partition over that many ranks; `partition_symbol` names the
     sharding group in the formulas ("N_node" when the caller shards over one node's ranks, HSDP).
     """
-    if world_size < 1 or n_params < 0:
-        raise ValueError(f"need world_size >= 1 and n_params >= 0, got {world_size}, {n_params}")
-    if offload_param and (strategy != "zero3" or not offload_optimizer):
-        raise ValueError("parameter offload needs zero3 with optimizer offload")
-    if offload_optimizer and strategy not in ("zero1", "zero2", "zero3"):
-        raise ValueError(f"optimizer offload needs ZeRO-1/2/3, not {strategy}")
-    trainable = n_params if trainable_params is None else trainable_params
-    if not 0 <= trainable <= n_params:
-        raise ValueError(f"trainable_params {trainable} must be between 0 and n_params {n_params}")
+    trainable = _checked_trainable(strategy, n_params, world_size, offload_optimizer, offload_param, trainable_params)
     table = coefficients(strategy, precision)
     frozen = n_params - trainable
     frozen_pair = _frozen_pair(strategy, precision)
 
-    params = _per_rank(table.params, trainable, world_size) + _per_rank(frozen_pair, frozen, world_size)
-    grads = _per_rank(table.grads, trainable, world_size)
-    optimizer = _per_rank(table.optimizer, trainable, world_size)
-    host = [0, 0, 0]
-    host_pairs = [(0, 0), (0, 0), (0, 0)]
-    if offload_optimizer:
-        # The host keeps the fp32 gradient partition CPU Adam steps on; ZeRO-3 also keeps its gradient
-        # accumulation partition there (measured: fp32 ZeRO-3 offload holds 24Ψ/N in all, ZeRO-2 4Ψ + 20Ψ/N with
-        # the 16-bit partition buffer that `zero_kit.plan.memory` counts as a GPU buffer).
-        host_grads = (0, FP32 + DTYPE_BYTES[precision]) if strategy == "zero3" else (0, FP32)
-        host = [0, _per_rank(host_grads, trainable, world_size), optimizer]
-        host_pairs = [(0, 0), host_grads, table.optimizer]
-        grads, optimizer = 0, 0
-    if offload_param:
-        host[0], params = params, 0
-        host_pairs[0] = table.params
+    on_gpu = [
+        _per_rank(table.params, trainable, world_size) + _per_rank(frozen_pair, frozen, world_size),
+        _per_rank(table.grads, trainable, world_size),
+        _per_rank(table.optimizer, trainable, world_size),
+    ]
+    offload = (offload_optimizer, offload_param)
+    gpu, host, host_pairs = _offloaded(on_gpu, table, strategy, precision, trainable, world_size, *offload)
     gpu_pairs = _gpu_pairs(table, offload_optimizer, offload_param)
     lora = trainable_params is not None
     states = StateBytes(
-        params=params,
-        grads=grads,
-        optimizer=optimizer,
+        params=gpu[0],
+        grads=gpu[1],
+        optimizer=gpu[2],
         formula=_formula(gpu_pairs, frozen_pair if not offload_param else (0, 0), lora),
         host_params=host[0],
         host_grads=host[1],
@@ -209,11 +192,61 @@ def model_state_bytes(
     )
     if secondary_ranks:
         states = _with_secondary(states, n_params, secondary_ranks, precision, strategy)
-    if partition_symbol != "N":
-        rename = lambda text: text.replace("/N", f"/{partition_symbol}")  # noqa: E731
-        states = replace(states, formula=rename(states.formula), host_formula=rename(states.host_formula),
-                         part_formulas=tuple(rename(f) for f in states.part_formulas))  # fmt: skip
-    return states
+    return _renamed_partition(states, partition_symbol) if partition_symbol != "N" else states
+
+
+def _offloaded(
+    on_gpu: list[int],
+    table: Coefficients,
+    strategy: str,
+    precision: str,
+    trainable: int,
+    world_size: int,
+    offload_optimizer: bool,
+    offload_param: bool,
+) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """(GPU bytes, host bytes, host coefficient pairs) of parameters, gradients and optimizer after offloading."""
+    gpu, host, host_pairs = list(on_gpu), [0, 0, 0], [(0, 0), (0, 0), (0, 0)]
+    if offload_optimizer:
+        # The host keeps the fp32 gradient partition CPU Adam steps on; ZeRO-3 also keeps its gradient
+        # accumulation partition there (measured: fp32 ZeRO-3 offload holds 24Ψ/N in all, ZeRO-2 4Ψ + 20Ψ/N with
+        # the 16-bit partition buffer that `zero_kit.plan.memory` counts as a GPU buffer).
+        host_grads = (0, FP32 + DTYPE_BYTES[precision]) if strategy == "zero3" else (0, FP32)
+        host = [0, _per_rank(host_grads, trainable, world_size), gpu[2]]
+        host_pairs = [(0, 0), host_grads, table.optimizer]
+        gpu[1], gpu[2] = 0, 0
+    if offload_param:
+        host[0], gpu[0] = gpu[0], 0
+        host_pairs[0] = table.params
+    return gpu, host, host_pairs
+
+
+def _checked_trainable(
+    strategy: str,
+    n_params: int,
+    world_size: int,
+    offload_optimizer: bool,
+    offload_param: bool,
+    trainable_params: int | None,
+) -> int:
+    """The trainable parameter count, after refusing arguments no strategy can mean (ValueError says which)."""
+    if world_size < 1 or n_params < 0:
+        raise ValueError(f"need world_size >= 1 and n_params >= 0, got {world_size}, {n_params}")
+    if offload_param and (strategy != "zero3" or not offload_optimizer):
+        raise ValueError("parameter offload needs zero3 with optimizer offload")
+    if offload_optimizer and strategy not in ("zero1", "zero2", "zero3"):
+        raise ValueError(f"optimizer offload needs ZeRO-1/2/3, not {strategy}")
+    trainable = n_params if trainable_params is None else trainable_params
+    if not 0 <= trainable <= n_params:
+        raise ValueError(f"trainable_params {trainable} must be between 0 and n_params {n_params}")
+    return trainable
+
+
+def _renamed_partition(states: StateBytes, symbol: str) -> StateBytes:
+    """The formulas with the sharding group written `symbol` instead of N (e.g. "N_node" for HSDP)."""
+    rename = lambda text: text.replace("/N", f"/{symbol}")  # noqa: E731
+    return replace(states, formula=rename(states.formula), host_formula=rename(states.host_formula),
+                   part_formulas=tuple(rename(f) for f in states.part_formulas))  # fmt: skip
 
 
 def _with_secondary(states: StateBytes, n_params: int, ranks: int, precision: str, strategy: str) -> StateBytes:

@@ -105,3 +105,16 @@ def shape_from_hf_config(config: dict) -> LlamaShape:
         vocab_size=config["vocab_size"],
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
     )
+
+
+def hf_config(shape: LlamaShape) -> dict:
+    """The Hugging Face config.json keys of `shape` (the inverse of shape_from_hf_config), for LlamaConfig(**...)."""
+    return {
+        "hidden_size": shape.hidden_size,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "intermediate_size": shape.intermediate_size,
+        "vocab_size": shape.vocab_size,
+        "tie_word_embeddings": shape.tie_word_embeddings,
+    }

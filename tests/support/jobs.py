@@ -1,0 +1,125 @@
+"""Running `zero-kit` and other commands from tests: one-shot commands that must succeed, background jobs in their
+own session (so a test can kill the launcher and every rank at once) with their output in a log file, and waiting
+for a condition while such a job runs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import psutil
+
+from benchmarks.rigs.base import RigError, wait_until
+
+T = TypeVar("T")
+VENV = Path(sys.executable).parent.parent
+VENV_BIN = VENV / "bin"
+TESTS = Path(__file__).resolve().parents[1]
+# Folders whose sitecustomize.py every Python process of a job runs first (see each): pass one as `site`.
+PROBE_SITE = TESTS / "dist" / "probe"  # ZERO_KIT_PROBE_LOGITS: the logits every rank computed
+FAULTS_SITE = TESTS / "dist" / "reliability_faults"  # ZK_FAULT_* / ZERO_KIT_FAULT_*: pauses and exits on cue
+# Small and quick: the embedded tiny model, short sequences, 2 examples per rank, a log line every step.
+FAST = ["--max-length", "64", "--micro-batch", "2", "--log-steps", "1"]
+
+
+def zero_kit(*args: str) -> list[str]:
+    """The argv of this venv's `zero-kit` console script."""
+    return [str(VENV_BIN / "zero-kit"), *args]
+
+
+def env(site: Path | None = None, **extra: str) -> dict[str, str]:
+    """This process's environment, offline and unbuffered, plus `extra`. `site`: a folder whose sitecustomize.py
+    every Python process of the job runs first (a probe or an injected fault), put ahead on PYTHONPATH so the
+    worktree's own PYTHONPATH survives behind it."""
+    base = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    if site is not None:
+        base["PYTHONPATH"] = pythonpath_with(site)
+    return {**base, **extra}
+
+
+def pythonpath_with(site: Path) -> str:
+    """PYTHONPATH with `site` first and this process's PYTHONPATH (the worktree under test) after it."""
+    return os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+
+
+def run(
+    cmd: list[str], *, timeout: int = 240, extra_env: dict | None = None, site: Path | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    """Run `cmd` to the end; it must exit 0 (the failure shows the ends of its stdout and stderr)."""
+    run_env = env(site, **(extra_env or {}))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=run_env, cwd=cwd)
+    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+@dataclass
+class Job:
+    """A command running in its own session, its stdout and stderr in `log`. With `reap` set, `wait` SIGKILLs what
+    is left of the session after the launcher returns (leftover ranks would hold ports and files of the next run);
+    without it a test can still look for leftovers itself."""
+
+    proc: subprocess.Popen
+    log: Path
+    reap: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.is_file() else ""
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            if self.reap:
+                kill_group(self.proc)
+
+
+def start(argv: list[str], log: Path, *, cwd: Path | None = None, env: dict | None = None, reap: bool = False) -> Job:
+    """`argv` in a new session, output to `log`, in the background."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return Job(proc, log, reap)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL every process of the job's session (launcher and ranks): what an OOM killer or a node loss does."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def survivors(pgid: int) -> list[int]:
+    """Live processes still in the process group `pgid` (a job's session leader's pid)."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return found
+
+
+def wait_for(
+    condition: Callable[[], T], what: str, job: Job | None = None, timeout: float = 300, poll: float = 0.02
+) -> T:
+    """Poll `condition()` until it returns something truthy and return that; fail (with the end of the job's log)
+    when time runs out or the job ends first."""
+
+    def gone() -> str:
+        code = job.proc.poll() if job is not None else None
+        return "" if code is None else f"job exited {code}"
+
+    try:
+        return wait_until(condition, timeout, what, interval=poll, gone=gone)
+    except RigError as exc:
+        raise AssertionError(f"{exc}" + (f"\n{job.text()[-3000:]}" if job else "")) from None

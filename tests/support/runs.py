@@ -1,0 +1,92 @@
+"""What a `zero-kit train` output directory and log hold, read the way every tier checks them: the step log, the
+run record, the checkpoint pointer, the checkpoint a relaunch resumed from, and the final weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from zero_kit.train import checkpoint
+
+RESUMING = "zero-kit train: resuming from "
+
+
+def log_records(out: Path) -> list[dict]:
+    """Every record of train_log.jsonl (a line cut by SIGKILL is an error here: use logged_steps mid-run)."""
+    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def logged_steps(out: Path) -> list[int]:
+    """The steps logged so far; empty before the first. Safe while the job runs or after it was killed."""
+    path = out / "train_log.jsonl"
+    steps = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            steps.append(json.loads(line)["step"])
+        except ValueError:  # a line cut by SIGKILL
+            continue
+    return steps
+
+
+def run_info(out: Path) -> dict:
+    return json.loads((out / checkpoint.RUN_INFO).read_text())
+
+
+def pointer(out: Path) -> str | None:
+    """The name the `latest_complete` pointer gives (None before the first complete checkpoint)."""
+    path = out / checkpoint.POINTER
+    return path.read_text().strip() if path.is_file() else None
+
+
+def checkpoint_step(out: Path) -> int:
+    """The step of the checkpoint the pointer names (what `--resume auto` takes)."""
+    return checkpoint.checkpoint_step(Path(pointer(out)))
+
+
+def resumed_from(text: str) -> int | None:
+    """The step `zero-kit train` says it resumed from in its output `text` (a launcher may prefix each line with
+    its host); None when it says it started fresh."""
+    lines = [line.split(RESUMING, 1)[1] for line in text.splitlines() if RESUMING in line]
+    if not lines:
+        assert "zero-kit train: starting fresh" in text, text[-3000:]
+        return None
+    return checkpoint.checkpoint_step(Path(lines[-1].split()[0]))
+
+
+def files_in(directory: Path) -> list[str]:
+    if not directory.is_dir():
+        return []
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
+
+
+def assert_trained(output: Path, steps: int, world_size: int, stage: int) -> list[float]:
+    """The run took `steps` optimizer steps at the expected world size and stage, with finite losses."""
+    records = log_records(output)
+    assert [r["step"] for r in records][-1] == steps
+    losses = [r["loss"] for r in records]
+    assert all(0 < loss < 20 for loss in losses), losses
+    info = run_info(output)
+    assert (info["world_size"], info["zero_stage"]) == (world_size, stage)
+    return losses
+
+
+def load_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    return tensors
+
+
+def assert_bitwise_equal(got_dir: Path, want_dir: Path, why: str, *, fp32: bool = True) -> None:
+    """Every tensor of the safetensors in `got_dir` equals `want_dir`'s bit for bit, and there is at least one;
+    with `fp32`, each is float32 (a 16-bit export could hide a difference in the master weights)."""
+    got, want = load_safetensors_dir(got_dir), load_safetensors_dir(want_dir)
+    assert got.keys() == want.keys() and want
+    for name, tensor in want.items():
+        if fp32:
+            assert tensor.dtype == torch.float32, name
+        assert torch.equal(got[name], tensor), f"{name} differs {why}"
