@@ -279,6 +279,17 @@ def test_relative_links_point_at_files(doc):
     assert not missing, f"{_rel(doc)} links to missing files: {missing}"
 
 
+PATH = re.compile(r"(?<![\w./-])((?:benchmarks|tests|docs|zero_kit|scripts|ds_configs|constraints|docker)/[\w./-]*[\w/])")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_rel)
+def test_quoted_repository_paths_exist(doc):
+    """A path into the repository names a file or folder that is there (or a results folder a command writes)."""
+    paths = set(PATH.findall(doc.read_text(encoding="utf-8")))
+    missing = sorted(p for p in paths if not (ROOT / p).exists() and not Path(p).name.startswith("results"))
+    assert not missing, f"{_rel(doc)} names paths that do not exist: {missing}"
+
+
 def test_every_study_has_a_readme_in_the_index():
     index = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
     studies = [p.parent.name for p in (ROOT / "benchmarks").glob("*/run.py")]
