@@ -279,7 +279,9 @@ def test_relative_links_point_at_files(doc):
     assert not missing, f"{_rel(doc)} links to missing files: {missing}"
 
 
-PATH = re.compile(r"(?<![\w./-])((?:benchmarks|tests|docs|zero_kit|scripts|ds_configs|constraints|docker)/[\w./-]*[\w/])")
+PATH = re.compile(
+    r"(?<![\w./-])((?:benchmarks|tests|docs|zero_kit|scripts|ds_configs|constraints|docker)/[\w./-]*[\w/])"
+)
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=_rel)
