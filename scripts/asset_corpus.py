@@ -1,6 +1,6 @@
 """The project's own text for the embedded tokenizer and the bundled datasets (written for zero_kit, not copied).
 
-Each topic is (name, what it is, a detail, a practical tip). `scripts/make_assets.py` turns these into
+Each topic is (name, what it is, a detail, a practical tip). `python -m scripts.make_assets` turns these into
 instruction/response pairs, chat conversations and plain-text paragraphs.
 """
 

@@ -1,6 +1,6 @@
 """Rebuild the embedded tokenizer and the bundled datasets in zero_kit/assets from scripts/asset_corpus.py.
 
-Run from the repository root:  python scripts/make_assets.py [--out DIR]
+Run from the repository root:  python -m scripts.make_assets [--out DIR]
 Deterministic: running it twice gives byte-identical files (tests/unit/test_model_assets.py rebuilds them
 into a temporary directory and compares every file with the shipped ones). Everything is written by this project; nothing is downloaded.
 """
@@ -10,15 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 from pathlib import Path
 
+from scripts.asset_corpus import PARAGRAPH_LINKS, TOPICS
+from zero_kit.data.dataset import ALPACA_PROMPT, ALPACA_PROMPT_WITH_INPUT
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-
-from asset_corpus import PARAGRAPH_LINKS, TOPICS  # noqa: E402
-
-from zero_kit.data.dataset import ALPACA_PROMPT, ALPACA_PROMPT_WITH_INPUT  # noqa: E402
 
 ASSETS = ROOT / "zero_kit" / "assets"
 VOCAB_SIZE = 2048

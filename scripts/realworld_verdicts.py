@@ -1,6 +1,6 @@
 """Recompute the verdict of every config in tests/fixtures/realworld/ by running its consumer's own parse.
 
-    PYTHONPATH=. .venv/bin/python scripts/realworld_verdicts.py
+    .venv/bin/python -m scripts.realworld_verdicts
 
 Consumers (the manifest's "consumer"):
 - deepspeed: `deepspeed.initialize(config=PATH)`; DeepSpeed reads a path with hjson

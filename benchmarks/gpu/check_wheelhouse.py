@@ -4,13 +4,14 @@ accelerate, peft, pyarrow, ninja, numpy; no --system-site-packages), then
 `pip install --no-index --find-links WHEELHOUSE zero_kit` with pip's config and indexes switched off, then
 `import zero_kit, deepspeed, datasets` and `zero-kit plan`. Needs PyPI for the build. Run:
 
-    python benchmarks/gpu/check_wheelhouse.py        # prints "wheelhouse OK" and exits 0
+    python -m benchmarks.gpu.check_wheelhouse        # prints "wheelhouse OK" and exits 0
 
 Measured 2026-11-23 on the 2-core CPU dev machine (Python 3.11.7, pip 23.2.1): passes, 4 min 50 s, 57.5 MiB.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -18,10 +19,7 @@ import tempfile
 import venv
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from benchmarks.gpu import wheelhouse  # noqa: E402
+from benchmarks.gpu import wheelhouse
 
 IMAGE = ["torch==2.13.0", "transformers==5.17.0", "accelerate", "peft", "pyarrow", "ninja", "numpy"]
 ABSENT = ["deepspeed", "datasets", "hjson", "pydantic", "pydantic-core", "fsspec", "dill", "xxhash"]
@@ -57,6 +55,7 @@ def check(tmp_path: Path) -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         check(Path(tmp))
     print("wheelhouse OK")

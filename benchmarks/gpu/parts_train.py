@@ -26,7 +26,7 @@ print(json.dumps({"generated": tok.decode(out[0]), "new_tokens": int(out.shape[1
 """
 
 
-def _train(ctx: Context, name: str, extra: list[str]) -> dict[str, Any]:
+def train_run(ctx: Context, name: str, extra: list[str]) -> dict[str, Any]:
     output = ctx.out / "train" / name
     steps = "2" if ctx.dry_run else "20"
     precision = "bf16" if ctx.cuda else "fp32"
@@ -64,10 +64,10 @@ def _reload(ctx: Context, final: Path) -> dict[str, Any]:
 
 
 def train(ctx: Context) -> tuple[str, str | None, dict]:
-    full = _train(ctx, "zero3", ["--stage", "3"])
+    full = train_run(ctx, "zero3", ["--stage", "3"])
     final = ctx.out / "train" / "zero3" / "final"
     full["reload"] = _reload(ctx, final) if full["exit_code"] == 0 else {"ok": False, "error": "training failed"}
-    lora = _train(ctx, "lora", ["--stage", "2", "--lora-r", "8", "--lora-alpha", "16"])
+    lora = train_run(ctx, "lora", ["--stage", "2", "--lora-r", "8", "--lora-alpha", "16"])
     lora_final = ctx.out / "train" / "lora" / "final"
     lora["adapter_files"] = sorted(p.name for p in lora_final.glob("*")) if lora_final.exists() else []
     data = {"runs": {"zero3": full, "lora": lora}, "device": "cuda" if ctx.cuda else "cpu"}

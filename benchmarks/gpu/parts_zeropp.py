@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks.gpu.common import Context, run_strategies, summarize_run
 from benchmarks.gpu.parts_bench import ZEROPP_STRATEGIES, model_dir
-from benchmarks.gpu.parts_train import _train
+from benchmarks.gpu.parts_train import train_run
 
 CONFIGS = {
     "qwz_qgz": ["--quantized-weights", "--quantized-gradients"],
@@ -46,7 +46,7 @@ def _cpu_refusals(ctx: Context) -> dict[str, Any]:
     """qwZ/qgZ on CPU: refused by the generator when told the target is CPU, and by a CPU training run."""
     told, _ = _config(ctx, "qwz_cpu", [*CONFIGS["qwz_qgz"], "--device", "cpu"])
     made, path = _config(ctx, "qwz_qgz", CONFIGS["qwz_qgz"])
-    run = _train(ctx, "zeropp_qwz_cpu", ["--ds-config", path]) if made.returncode == 0 else {"exit_code": None}
+    run = train_run(ctx, "zeropp_qwz_cpu", ["--ds-config", path]) if made.returncode == 0 else {"exit_code": None}
     log_path = ctx.out / "train" / "zeropp_qwz_cpu.log"
     log = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else made.stderr
     return {
@@ -66,14 +66,14 @@ def zeropp(ctx: Context) -> tuple[str, str | None, dict]:
         if missing:
             return "failed", f"qwZ/qgZ not refused on CPU by: {missing}", data
         return "skipped", "skipped: no CUDA (qwZ/qgZ refused on CPU with the reason, as they must be)", data
-    reference = _train(ctx, "zeropp_zero3", ["--stage", "3"])
+    reference = train_run(ctx, "zeropp_zero3", ["--stage", "3"])
     runs: dict[str, Any] = {"zero3": reference}
     for name, flags in CONFIGS.items():
         made, path = _config(ctx, name, flags)
         if made.returncode != 0:
             runs[name] = {"exit_code": None, "config_error": made.stderr[-1500:]}
             continue
-        runs[name] = _train(ctx, f"zeropp_{name}", ["--ds-config", path])
+        runs[name] = train_run(ctx, f"zeropp_{name}", ["--ds-config", path])
         runs[name]["max_rel_loss_diff_vs_zero3"] = _rel_diff(runs[name]["losses"], reference["losses"])
     data: dict[str, Any] = {"strategies": ZEROPP_STRATEGIES, "train_runs": runs}
     if ZEROPP_STRATEGIES:

@@ -1,6 +1,6 @@
 """GPU truth in one command. On the GPU machine, after `pip install --no-index --find-links .whl zero_kit`:
 
-    python benchmarks/gpu/suite.py --out benchmarks/results/gpu_h100
+    python -m benchmarks.gpu.suite --out benchmarks/gpu/results/gpu_h100
 
 Time-boxed (--budget-min, default 20 min on one H100). Parts, in order, each appending its record (one JSON line)
 to OUT/suite.jsonl the moment it finishes, so a run cut off keeps what it measured:
@@ -14,10 +14,10 @@ to OUT/suite.jsonl the moment it finishes, so a run cut off keeps what it measur
   g. zeropp       `zero-kit train --ds-config` with ZeRO++ qwZ+qgZ and with the bf16 low-precision states vs plain
                   ZeRO-3 (losses reported); without CUDA, checks that qwZ/qgZ are refused with the reason
 
-then OUT/summary.md and PNG plots (`python benchmarks/gpu/summary.py OUT` re-renders them). Targets are
+then OUT/summary.md and PNG plots (`python -m benchmarks.gpu.summary OUT` re-renders them). Targets are
 reported, never asserted (benchmarks/gpu/common.py TARGETS). Versions and hardware are in every record.
 
-CPU dry mode (CI: tests/dist/test_gpu_suite_dry.py): `python benchmarks/gpu/suite.py --dry-run --out DIR` runs
+CPU dry mode (CI: tests/dist/test_gpu_suite_dry.py): `python -m benchmarks.gpu.suite --dry-run --out DIR` runs
 what needs no CUDA with tiny shapes (fp32, 3 steps, ddp + zero3), writes `skipped: no CUDA` records for the
 rest, and checks every record's schema (exit 1 on a schema problem).
 """
@@ -33,11 +33,8 @@ import time
 import traceback
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `benchmarks` and `zero_kit` importable from the checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from benchmarks.gpu import parts_bench, parts_env, parts_train, parts_zeropp  # noqa: E402
-from benchmarks.gpu.common import Context, append_jsonl, check_record, make_record  # noqa: E402
+from benchmarks.gpu import parts_bench, parts_env, parts_train, parts_zeropp
+from benchmarks.gpu.common import Context, append_jsonl, check_record, make_record
 
 PARTS = [
     ("environment", parts_env.environment),
@@ -86,7 +83,7 @@ def run_part(ctx: Context, name: str, fn) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="GPU truth in one command (see the module docstring)")
-    parser.add_argument("--out", required=True, help="output folder, e.g. benchmarks/results/gpu_h100")
+    parser.add_argument("--out", required=True, help="output folder, e.g. benchmarks/gpu/results/gpu_h100")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes; CUDA parts write skipped records")
     parser.add_argument("--budget-min", type=float, default=20.0, help="time box for the whole suite")
     parser.add_argument("--parts", default=",".join(n for n, _ in PARTS), help="comma-separated subset, in order")

@@ -1,10 +1,10 @@
 """The suite's summary: OUT/summary.md (one table per part, targets with their values) and PNG plots, from
-OUT/suite.jsonl alone, so `python benchmarks/gpu/summary.py OUT` re-renders a cut-off or copied run."""
+OUT/suite.jsonl alone, so `python -m benchmarks.gpu.summary OUT` re-renders a cut-off or copied run."""
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 
@@ -113,4 +113,6 @@ def write_summary(out: Path) -> Path:
 
 
 if __name__ == "__main__":
-    print(write_summary(Path(sys.argv[1])).read_text(encoding="utf-8"))
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("out", type=Path, help="a suite's output folder (holding suite.jsonl)")
+    print(write_summary(parser.parse_args().out).read_text(encoding="utf-8"))

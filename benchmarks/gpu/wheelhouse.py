@@ -1,6 +1,6 @@
 """Build, on a machine with PyPI, the wheels the GPU image lacks so zero_kit installs there with no network:
 
-    python benchmarks/gpu/wheelhouse.py --out .whl --python-version 3.12
+    python -m benchmarks.gpu.wheelhouse --out .whl --python-version 3.12
 
 then on the GPU machine (the device tool's `run` with carry [".whl"]):
 

@@ -78,7 +78,7 @@ def _state(records, name):
 
 # fp32 AdamW, bytes per parameter, as (replicated, partitioned over N). ZeRO-3 (2 ranks, DeepSpeed 0.19.8, client
 # torch AdamW like the benchmark or the config AdamW: the same storages), every live storage >= 64 B after a step,
-# listed by owner with `benchmarks/measure_state_bytes.py --list-storages`:
+# listed by owner with `benchmarks.state_bytes.run --list-storages`:
 #   model states: param partition (ds_tensor views of fp16_partitioned_groups_flat) 4/N, grad_partitions_flat_buffer
 #   4/N, fp32_partitioned_groups_flat 4/N (a separate copy: `_create_fp32_partitions` reuses the param partition
 #   only when `tensor.device == self.device`, and self.device is the string "cpu"/"cuda:0", never equal to a
@@ -130,7 +130,7 @@ def test_comm_bytes_ratios_against_ddp(records):
     assert records["zero2"]["comm_bytes_per_step"]["payload_bytes_by_op"]["all_reduce"] >= accum * psi
     # ZeRO-3 with parameters released after forward: all-gather (fwd) + all-gather (bwd) + reduce-scatter per micro
     # step, 1.5 x DDP per micro step as in the paper. (The generator's default zero3 keeps gathered parameters
-    # alive from forward to backward: 1.0 per micro step, see benchmarks/results.)
+    # alive from forward to backward: 1.0 per micro step, see benchmarks/compare_cpu/README.md.)
     assert ring["zero3_release"] / ring["ddp"] / accum == pytest.approx(1.5, abs=0.05)
 
 

@@ -1,4 +1,4 @@
-"""The GPU suite's CPU dry mode: `python benchmarks/gpu/suite.py --dry-run --out DIR` runs every part that needs
+"""The GPU suite's CPU dry mode: `python -m benchmarks.gpu.suite --dry-run --out DIR` runs every part that needs
 no CUDA with tiny shapes (real launches: torchrun DDP and deepspeed ZeRO-3, `zero-kit train` ZeRO-3 + export +
 reload, and LoRA), and every part writes one schema-valid record: CUDA parts say `skipped: no CUDA`."""
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_dry_run_writes_one_valid_record_per_part(tmp_path):
     out = tmp_path / "gpu_dry"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu/suite.py"), "--dry-run", "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.suite", "--dry-run", "--out", str(out)],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     records = [json.loads(line) for line in (out / "suite.jsonl").read_text(encoding="utf-8").splitlines()]

@@ -1,6 +1,6 @@
 """What gloo really sends over the inter-node link, per collective, on the two-host rig (namespaces zkgw0 / zkgw1,
 10.78.79.1 / .2, two ranks each, the veth uncapped): the kernel's tx counter of each host's veth around three calls
-of an 8 MiB all-reduce, all-gather and reduce-scatter (benchmarks/link_probe.py --wire).
+of an 8 MiB all-reduce, all-gather and reduce-scatter (benchmarks/link_cap/probe.py --wire).
 
 The step-time model (zero_kit.plan.timing) rests on these facts: all-reduce and all-gather send the ring model's
 bytes over each host's link; a reduce-scatter sends an all-reduce's (ProcessGroupGloo clones the input, all-reduces
@@ -18,7 +18,7 @@ import subprocess
 
 import pytest
 
-from benchmarks.link_cap import probe_two_hosts
+from benchmarks.link_cap.run import probe_two_hosts
 from benchmarks.rigs.base import remove_etc_netns
 from benchmarks.rigs.netns import hosts_for, two_hosts
 from zero_kit.plan.timing import on_the_wire

@@ -1,12 +1,12 @@
 """Issues 12 and 14 on the two-host rig: two network-namespace hosts (zkht0 / zkht1, 10.78.75.1 / .2) with two
-ranks each, the veth capped at 200mbit per host egress (tc tbf), driven by benchmarks/link_cap.py.
+ranks each, the veth capped at 200mbit per host egress (tc tbf), driven by benchmarks/link_cap/run.py.
 
 - Hierarchical sharding sends fewer bytes over the inter-node link, by the amount zero_kit.plan.traffic plans
   (within 5%): zero3_hpz_release vs zero3_release (on this tiny model plain zero3 keeps every parameter gathered
   through backward, so only the release variants re-gather and show hpZ's effect), fsdp_hsdp vs fsdp.
 - The planner's step time (zero_kit.plan.timing, rates probed on the rig, compute calibrated from a one-host
   4-rank DDP run, gloo's reduce-scatter charged as the all-reduce it is) is within STEP_TOLERANCE of the
-  measured step at 200mbit. Looser than the ±25% of the full table in benchmarks/results/link_cap/: 4 timed steps
+  measured step at 200mbit. Looser than the ±25% of the full table in benchmarks/link_cap/results/: 4 timed steps
   on 2 shared CPU cores, next to other tests, are noisy, and the per-strategy overhead term, which needs every
   strategy run on one host first, is left out here to keep CI short (at 200mbit the link's wait hides most of it).
 
@@ -23,8 +23,8 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks.link_cap import bench_options, calibrate, run
-from benchmarks.link_cap_report import predict_rows, tiers
+from benchmarks.link_cap.report import predict_rows, tiers
+from benchmarks.link_cap.run import bench_options, calibrate, run
 from benchmarks.rigs.base import build_cpu_ops, remove_etc_netns
 from benchmarks.rigs.netns import hosts_for, remove_hosts
 

@@ -153,7 +153,7 @@ def test_deepspeed_all_live_estimators_go_through_the_count_functions():
 
 # Measured with 2 CPU ranks (gloo), fp32, the tiny LLaMA, bytes of every live tensor just before optimizer.step():
 # ddp 16Ψ, fsdp 16Ψ/N, zero0 16Ψ, zero1 and zero2 4Ψ + 16Ψ/N, zero3 20Ψ/N (see the module docstring).
-# ZeRO-3 storages by owner (`benchmarks/measure_state_bytes.py --rank-run zero3 --list-storages`, the same with the
+# ZeRO-3 storages by owner (`benchmarks.state_bytes.run --rank-run zero3 --list-storages`, the same with the
 # benchmark's client AdamW), Ψ = 3,148,224, N = 2, 6,296,448 B = 4Ψ/N each: param partition (ds_tensor views of
 # fp16_partitioned_groups_flat), fp32_partitioned_groups_flat (its own storage, not the param partition),
 # grad_partitions_flat_buffer, exp_avg, exp_avg_sq = 20Ψ/N; buffers, not model states: ipg bucket 147,456 B,

@@ -1,7 +1,7 @@
 """The GPU wheelhouse: parsing, the size refusal, and the closure it builds (needs PyPI, ~1-2 min) resolved with NO
 network against a fake image (metadata-only stub wheels for what the image has): `pip install --no-index
 --dry-run --find-links WHEELHOUSE --find-links STUBS zero_kit`. The full fresh-venv install (~5 min) is
-benchmarks/gpu/check_wheelhouse.py."""
+`python -m benchmarks.gpu.check_wheelhouse`."""
 
 from __future__ import annotations
 

@@ -112,15 +112,12 @@ def test_cli_reports_a_bad_hostfile_without_traceback(tmp_path, capsys):
 
 
 def test_checked_in_launch_files_are_what_zero_kit_launch_writes(tmp_path):
-    import importlib.util
-    from pathlib import Path
+    from benchmarks.launch_files import generate
 
-    bench_dir = Path(__file__).resolve().parents[2] / "benchmarks"
-    spec = importlib.util.spec_from_file_location("launch_files", bench_dir / "launch_files.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    for path in module.generate(tmp_path):
+    for path in generate.generate(tmp_path):
         name = path.relative_to(tmp_path)
-        assert path.read_text() == (bench_dir / name).read_text(), f"benchmarks/{name} is stale: regenerate it"
+        assert path.read_text() == (generate.HERE / name).read_text(), (
+            f"benchmarks/launch_files/{name} is stale: regenerate it (python -m benchmarks.launch_files.generate)"
+        )
         if path.suffix == ".sbatch":
             assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0

@@ -16,7 +16,8 @@ def shipped_files() -> dict[str, bytes]:
 
 def test_assets_are_reproducible_from_the_script(tmp_path):
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "make_assets.py"), "--out", str(tmp_path)],
+        [sys.executable, "-m", "scripts.make_assets", "--out", str(tmp_path)],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,10 +1,13 @@
 """Packaging contracts: setup.py's ranges and the lock files agree, Docker and CI install with the lock files, README
-and CI run the same commands, the CLI is frozen."""
+and CI run the same commands, the CLI is frozen, and the commands the README, the docs/ guides and the benchmark
+READMEs quote are real (flags the command has, modules of this checkout, links to files)."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -206,3 +209,93 @@ def test_no_two_test_modules_share_a_basename():
 
     names = Counter(p.name for p in (Path(__file__).resolve().parents[1]).rglob("test_*.py"))
     assert not [n for n, k in names.items() if k > 1], names.most_common(3)
+
+
+# The README and the guides quote commands: each quote is kept true here.
+DOCS = sorted(
+    {ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "benchmarks").glob("**/README.md")}
+    - set((ROOT / "benchmarks").glob("**/results*/**/README.md"))
+)
+CLI = re.compile(r"(?:zero-kit|-m zero_kit\.cli|--module zero_kit\.cli) (.*)")
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def _code(text: str) -> list[str]:
+    """What a reader would copy: lines of fenced or indented code blocks and inline `code` spans, with shell
+    line continuations joined and comments dropped."""
+    spans, fenced = [], False
+    for line in text.replace("\\\n", " ").splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced or line.startswith("    "):
+            spans.append(line.split(" #", 1)[0])
+        else:
+            spans += re.findall(r"`([^`]+)`", line)
+    return spans
+
+
+def _unknown_flags(argv: list[str]) -> list[str]:
+    """Flags in `COMMAND ARGS` (and after a bare `--` that starts another command) the command does not have."""
+    if not argv or argv[0] not in COMMANDS:
+        return []
+    known, rest = _flags(argv[0]), argv[1:]
+    cut = rest.index("--") if "--" in rest else len(rest)
+    unknown = [f"{argv[0]} {t}" for t in rest[:cut] if t.startswith("-") and t.split("=")[0] not in known]
+    return unknown + _unknown_flags(rest[cut + 1 :])
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_rel)
+def test_quoted_zero_kit_commands_use_real_flags(doc):
+    bad, seen = [], 0
+    for span in _code(doc.read_text(encoding="utf-8")):
+        for match in CLI.finditer(span):
+            try:
+                argv = shlex.split(match.group(1))
+            except ValueError:
+                argv = match.group(1).split()
+            seen += argv[:1] != [] and argv[0] in COMMANDS
+            bad += _unknown_flags(argv)
+    assert not bad, f"{_rel(doc)} quotes flags zero-kit does not have: {bad}"
+    if doc.name == "README.md" and doc.parent == ROOT:
+        assert seen >= len(COMMANDS), "the README quotes every command"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_rel)
+def test_quoted_python_modules_exist(doc):
+    modules = {m for span in _code(doc.read_text(encoding="utf-8")) for m in re.findall(r"-m ([\w.]+)", span)}
+    # a placeholder such as "benchmarks.<study>.<script>" leaves "benchmarks.": not a module name
+    ours = sorted(m for m in modules if m.split(".")[0] in {"zero_kit", "benchmarks", "scripts"} and m[-1] != ".")
+    missing = [m for m in ours if importlib.util.find_spec(m) is None]
+    assert not missing, f"{_rel(doc)} runs modules that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_rel)
+def test_relative_links_point_at_files(doc):
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text(encoding="utf-8"))
+    missing = [link for link in links if "://" not in link and not (doc.parent / link).exists()]
+    assert not missing, f"{_rel(doc)} links to missing files: {missing}"
+
+
+PATH = re.compile(
+    r"(?<![\w./-])((?:benchmarks|tests|docs|zero_kit|scripts|ds_configs|constraints|docker)/[\w./-]*[\w/])"
+)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_rel)
+def test_quoted_repository_paths_exist(doc):
+    """A path into the repository names a file or folder that is there (or a results folder a command writes)."""
+    paths = set(PATH.findall(doc.read_text(encoding="utf-8")))
+    missing = sorted(p for p in paths if not (ROOT / p).exists() and not Path(p).name.startswith("results"))
+    assert not missing, f"{_rel(doc)} names paths that do not exist: {missing}"
+
+
+def test_every_study_has_a_readme_in_the_index():
+    index = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    studies = [p.parent.name for p in (ROOT / "benchmarks").glob("*/run.py")]
+    assert studies, "no studies found"
+    for name in studies:
+        assert (ROOT / "benchmarks" / name / "README.md").is_file(), f"benchmarks/{name} has no README.md"
+        assert f"]({name}/README.md)" in index, f"benchmarks/README.md does not list {name}"

@@ -1,11 +1,11 @@
 """The planner's per-GPU peak for DDP and FSDP2 against PyTorch's own memory trackers (MemTracker,
 FSDPMemTracker over a fake process group of 8 ranks) under FakeTensorMode on CPU, at a reduced size: a 2-layer
-LLaMA, hidden 256, vocabulary 4096, sequence 512. benchmarks/plan_memtracker.py does the real sizes.
+LLaMA, hidden 256, vocabulary 4096, sequence 512. benchmarks/plan_memtracker/run.py does the real sizes.
 
 It runs in a subprocess: the fake process group and the private trackers stay out of this test process.
 Tolerance ±5% for both strategies, with and without activation checkpointing: the planner charges only the
 largest of the moments that can be the peak (zero_kit.plan.memory._peak_phases); measured here within 1.5%, and
-within 1% at Llama-3.2-1B (benchmarks/results/plan_memtracker.md)."""
+within 1% at Llama-3.2-1B (benchmarks/plan_memtracker/README.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_planner_against_pytorch_memory_trackers():
     argv = ["--models", "tiny", "--seqs", "512", "--checkpointing", "off,on", "--json"]
     env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "plan_memtracker.py"), *argv],
+        [sys.executable, "-m", "benchmarks.plan_memtracker.run", *argv],
         capture_output=True,
         text=True,
         env=env,

@@ -5,9 +5,9 @@ tier (counted and planned), the step time and the slowdown from the cap, and set
 time (zero_kit.plan.timing) beside it, with the link rates probed on the rig and the planner calibrated as
 `zero-kit plan --calibrate` does from every strategy run first on one host with the same 4 ranks (the compute rate
 from DDP, each strategy's overhead per step). At every rate it also counts what each gloo collective really sends
-over the veth (benchmarks/link_probe.py --wire). Needs root and iproute2. Run from the repository root:
+over the veth (benchmarks/link_cap/probe.py --wire). Needs root and iproute2. Run from the repository root:
 
-    python benchmarks/link_cap.py --rates none,1gbit,200mbit --out benchmarks/results/link_cap
+    python -m benchmarks.link_cap.run --rates none,1gbit,200mbit --out benchmarks/link_cap/results
 
 Root namespace ports 29956-29957; namespaces zkhb0 / zkhb1 (10.78.70.1 / .2) with ports 29960-29999; removed on
 exit, also on failure.
@@ -24,19 +24,23 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.link_cap_report import predict_rows, write_report  # noqa: E402
-from benchmarks.rigs.base import private_extensions_dir  # noqa: E402
-from benchmarks.rigs.netns import TwoHosts, set_rate, two_hosts  # noqa: E402
-from benchmarks.rigs.two_host_bench import _print, run_two_hosts  # noqa: E402
-from zero_kit.bench import BenchOptions, run_bench  # noqa: E402
+from benchmarks.link_cap.report import predict_rows, write_report
+from benchmarks.rigs.base import private_extensions_dir
+from benchmarks.rigs.netns import TwoHosts, set_rate, two_hosts
+from benchmarks.rigs.two_host_bench import run_two_hosts
+from zero_kit.bench import BenchOptions, run_bench
+from zero_kit.bench.options import PROGRESS
 
 STRATEGIES = "ddp,fsdp,fsdp_hsdp,fsdp_reshard_node,zero1,zero2,zero3,zero3_hpz,zero3_release,zero3_hpz_release"
 PER_HOST = 2
 ONE_HOST_PORT = 29956
 TWO_HOST_PORT = 29960
+PROBE = "benchmarks.link_cap.probe"
+
+
+def _print(line: str) -> None:
+    """Progress on stderr as the bench driver writes it, so that stdout keeps only the final table."""
+    print(f"{PROGRESS} {line}", file=sys.stderr, flush=True)
 
 
 def bench_options(out: Path, steps: int, **size) -> BenchOptions:
@@ -46,7 +50,7 @@ def bench_options(out: Path, steps: int, **size) -> BenchOptions:
 
 
 def probe(argv_prefix: list[str], launch: list[str], log: Path) -> dict:
-    """One run of benchmarks.link_probe; `argv_prefix` puts it into a namespace (or not)."""
+    """One run of benchmarks.link_cap.probe; `argv_prefix` puts it into a namespace (or not)."""
     fd, result = tempfile.mkstemp(suffix=".json", dir=log.parent)
     os.close(fd)
     with open(log, "w", encoding="utf-8") as f:
@@ -62,18 +66,18 @@ def probe_one_host(nproc: int, log: Path, port: int) -> dict:
     from zero_kit.launch import torchrun_command
 
     env = ["env", "OMP_NUM_THREADS=1"]
-    return probe(env, torchrun_command("benchmarks.link_probe", [], nproc=nproc, master_port=port), log)
+    return probe(env, torchrun_command(PROBE, [], nproc=nproc, master_port=port), log)
 
 
 def probe_two_hosts(hosts: TwoHosts, port: int, log: Path, nproc: int = 1, wire: bool = False) -> dict:
     """`nproc` ranks per host (1: every byte crosses the veth, the inter-node rate at the current cap); with
-    `wire`, the bytes each collective really sends over the veth (benchmarks.link_probe --wire)."""
+    `wire`, the bytes each collective really sends over the veth (benchmarks.link_cap.probe --wire)."""
     from zero_kit.launch import torchrun_command
 
     procs = []
     for node in (1, 0):
         args = ["--wire", hosts.device(node)] if wire else []
-        launch = torchrun_command("benchmarks.link_probe", args, nproc=nproc, master_port=port, nnodes=2,
+        launch = torchrun_command(PROBE, args, nproc=nproc, master_port=port, nnodes=2,
                                   node_rank=node, master_addr=hosts.addresses[0])  # fmt: skip
         env = hosts.exec(node, "env", f"GLOO_SOCKET_IFNAME={hosts.device(node)}", "OMP_NUM_THREADS=1")
         if node == 1:
@@ -142,7 +146,7 @@ def main() -> int:
     parser.add_argument("--rates", default="none,1gbit,200mbit", help="tbf rate per host egress; none = uncapped")
     parser.add_argument("--strategies", default=STRATEGIES)
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps per run, 2 of them warm-up")
-    parser.add_argument("--out", default="benchmarks/results/link_cap")
+    parser.add_argument("--out", default="benchmarks/link_cap/results")
     parser.add_argument("--size", default="", help="hidden,layers of the tiny model (default: its own)")
     args = parser.parse_args()
     os.environ["TORCH_EXTENSIONS_DIR"] = str(private_extensions_dir())  # the prebuilt CPU ops: no rebuild per run
@@ -150,7 +154,7 @@ def main() -> int:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     size = dict(zip(("hidden_size", "layers"), map(int, args.size.split(",")), strict=True)) if args.size else {}
     opts = bench_options(out, args.steps, **size)
-    command = ("python benchmarks/link_cap.py " + " ".join(sys.argv[1:])).strip()
+    command = ("python -m benchmarks.link_cap.run " + " ".join(sys.argv[1:])).strip()
     rates = args.rates.split(",")
     result = {**calibrate(opts, out, strategies=args.strategies), **run(args.strategies.split(","), rates, opts, out,
                                                                         "zkhb", 70)}  # fmt: skip

@@ -4,8 +4,8 @@ torch.distributed._tools.mem_tracker.MemTracker (DDP: one replica, which is what
 torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker over a fake process group of N ranks (FSDP2).
 These are private PyTorch APIs: used here and in tests/unit/test_plan_memtracker.py, never by zero_kit.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/plan_memtracker.py                       # 1B and 8B, seq 2048/8192
-    PYTHONPATH=. python benchmarks/plan_memtracker.py --models llama-3.2-1b --seqs 2048 --json  # one case
+    OMP_NUM_THREADS=1 python -m benchmarks.plan_memtracker.run                       # 1B and 8B, seq 2048/8192
+    python -m benchmarks.plan_memtracker.run --models llama-3.2-1b --seqs 2048 --json  # one case
 
 The run: bf16 autocast (DDP) or FSDP2 MixedPrecisionPolicy(bf16 params, fp32 reduce) as zero_kit runs them,
 AdamW, two steps (the peak is in the second, when Adam's moments exist), gradients kept between steps (DDP's

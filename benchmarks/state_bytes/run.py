@@ -3,15 +3,15 @@
 it walks every tensor the Python garbage collector knows (parameters, .grad, optimizer state, DeepSpeed's flat
 partitions and buckets alike) and counts each storage once. CPU, gloo, the embedded tiny LLaMA, 3 steps.
 
-    python benchmarks/measure_state_bytes.py --precision fp32            # all strategies, 2 ranks, prints a table
+    python -m benchmarks.state_bytes.run --precision fp32               # all strategies, 2 ranks, prints a table
 
 One strategy by hand (what the driver runs):
-    deepspeed --num_gpus 2 --master_port 29910 benchmarks/measure_state_bytes.py --rank-run zero3
-    torchrun --nproc_per_node 2 --master_port 29911 benchmarks/measure_state_bytes.py --rank-run fsdp
+    deepspeed --num_gpus 2 --master_port 29910 --module benchmarks.state_bytes.run --rank-run zero3
+    torchrun --nproc_per_node 2 --master_port 29911 -m benchmarks.state_bytes.run --rank-run fsdp
 
 Every storage by owner (DeepSpeed attribute, optimizer state, module parameter), rank 0, with the benchmark's client
 torch AdamW instead of the config's AdamW (`--optimizer client`; both give the same storages):
-    deepspeed --num_gpus 2 --master_port 29950 benchmarks/measure_state_bytes.py --rank-run zero3 --list-storages \
+    deepspeed --num_gpus 2 --master_port 29950 --module benchmarks.state_bytes.run --rank-run zero3 --list-storages \
         --optimizer client
 """
 
@@ -26,6 +26,7 @@ import sys
 
 RUNS = ("ddp", "fsdp", "zero0", "zero1", "zero2", "zero3", "zero2+offload", "zero3+offload")
 MIN_BYTES = 64  # ignore scalars (step counters, loss scale)
+MODULE = "benchmarks.state_bytes.run"  # what the driver launches per rank, from the repository root
 
 
 def live_storages() -> dict[int, tuple[int, str]]:
@@ -211,11 +212,11 @@ def drive(precision: str, port: int, runs: list[str], optimizer: str = "config")
     print("|---|---|---|---|---|")
     for index, run in enumerate(runs):
         launcher = (
-            ["torchrun", "--nproc_per_node", "2", "--master_port", str(port + index)]
+            ["torchrun", "--nproc_per_node", "2", "--master_port", str(port + index), "-m"]
             if run in ("ddp", "fsdp")
-            else ["deepspeed", "--num_gpus", "2", "--master_port", str(port + index)]
+            else ["deepspeed", "--num_gpus", "2", "--master_port", str(port + index), "--module"]
         )
-        argv = [*launcher, __file__, "--rank-run", run, "--precision", precision, "--optimizer", optimizer]
+        argv = [*launcher, MODULE, "--rank-run", run, "--precision", precision, "--optimizer", optimizer]
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode or not lines:

@@ -1,4 +1,7 @@
-"""Plots of benchmarks/link_cap.py (matplotlib, Agg): bytes per step by link tier, predicted vs measured step time."""
+"""Plots of the link_cap study (matplotlib, Agg): bytes per step by link tier, predicted vs measured step time.
+
+Drawing only: benchmarks.link_cap.report computes what is drawn and passes it in (this module imports nothing of
+the study, so the two do not import each other)."""
 
 from __future__ import annotations
 
@@ -14,16 +17,10 @@ def _plt():
     return plt
 
 
-def plot_bytes(result: dict, path: Path) -> None:
-    from benchmarks.link_cap_report import tiers
-
+def plot_bytes(names: list[str], counted: list[dict], planned: list[dict], path: Path) -> None:
+    """One pair of bars per strategy: `counted` and `planned` ring bytes per step by tier (all ranks)."""
     plt = _plt()
-    rate = result["rows"][0]["rate"]
-    rows = [r for r in result["rows"] if r["rate"] == rate and r["record"]]
-    names = [r["strategy"] for r in rows]
-    counted = [tiers(r["record"])[0] for r in rows]
-    planned = [tiers(r["record"])[1] for r in rows]
-    xs = range(len(rows))
+    xs = range(len(names))
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for offset, tier, color in ((-0.2, "inter_node", "tab:red"), (0.2, "intra_node", "tab:blue")):
         ax.bar([x + offset for x in xs], [c[tier] / 2**20 for c in counted], 0.4, color=color,
@@ -39,9 +36,8 @@ def plot_bytes(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def plot_predicted(result: dict, path: Path) -> None:
-    from benchmarks.link_cap_report import TOLERANCE
-
+def plot_predicted(result: dict, path: Path, tolerance: float) -> None:
+    """Predicted against measured step time of every run, with the ±`tolerance` band."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 6))
     rows = [r for r in result["rows"] if r["record"]]
@@ -58,8 +54,8 @@ def plot_predicted(result: dict, path: Path) -> None:
     values = [r["record"]["step_time_s"] for r in rows] + [r["predicted_step_s"] for r in rows]
     lo, hi = min(values) * 0.8, max(values) * 1.25
     ax.plot([lo, hi], [lo, hi], color="black", linewidth=1)
-    ax.fill_between([lo, hi], [lo * (1 - TOLERANCE), hi * (1 - TOLERANCE)], [lo * (1 + TOLERANCE), hi * (1 + TOLERANCE)],
-                    color="gray", alpha=0.2, label=f"±{TOLERANCE:.0%}")  # fmt: skip
+    ax.fill_between([lo, hi], [lo * (1 - tolerance), hi * (1 - tolerance)], [lo * (1 + tolerance), hi * (1 + tolerance)],
+                    color="gray", alpha=0.2, label=f"±{tolerance:.0%}")  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("measured step time (s)")

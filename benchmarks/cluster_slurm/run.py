@@ -1,7 +1,7 @@
 """The whole DDP / FSDP2 / ZeRO comparison as ONE job on a real two-node Slurm cluster (two network-namespace
 hosts on this machine, benchmarks/rigs/slurm.py), submitted exactly as a user would:
 
-    python benchmarks/cluster_slurm.py --out benchmarks/results/slurm_2nodes
+    python -m benchmarks.cluster_slurm.run --out benchmarks/cluster_slurm/results
 
 It writes the sbatch script with `zero-kit bench --slurm --nodes 2 --gpus-per-node 1 ...`, submits it with
 `sbatch --wait`, and leaves in --out the script, the results directory (results.jsonl, table.md, plots, logs)
@@ -16,16 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.rigs import slurm_cluster  # noqa: E402
-from benchmarks.rigs.base import build_cpu_ops  # noqa: E402
+from benchmarks.rigs import slurm_cluster
+from benchmarks.rigs.base import build_cpu_ops
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="benchmarks/results/slurm_2nodes")
+    parser.add_argument("--out", default="benchmarks/cluster_slurm/results")
     parser.add_argument("--strategies", default="ddp,fsdp,zero1,zero2,zero3")
     parser.add_argument("--steps", default="20")
     args = parser.parse_args()

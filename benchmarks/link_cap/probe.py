@@ -2,9 +2,9 @@
 the ring model of zero_kit.metrics) and the per-call latency (a 4-byte all-reduce). Run under torchrun, one rank
 per process; rank 0 writes one JSON line to the path given:
 
-    torchrun --nproc_per_node 4 -m benchmarks.link_probe /tmp/probe.json
+    torchrun --nproc_per_node 4 -m benchmarks.link_cap.probe /tmp/probe.json
 
-benchmarks/link_cap.py runs it on one host (4 ranks: the loopback "intra-node" link, with the CPU shared as in
+benchmarks/link_cap/run.py runs it on one host (4 ranks: the loopback "intra-node" link, with the CPU shared as in
 the benchmark) and across its two hosts at every rate (one rank per host: the veth, capped or not).
 
 With --wire DEVICE it measures instead what each collective really sends over the link: every rank reads its
@@ -12,11 +12,12 @@ host's DEVICE tx counter (the kernel's count of bytes sent) around WIRE_REPEATS 
 all_gather_into_tensor and reduce_scatter_tensor, and rank 0 writes the bytes per call each host sent next to the
 ring model's (zero_kit.metrics.ring_bytes, the world ring crossing each host's link once):
 
-    torchrun --nnodes 2 --nproc_per_node 2 ... -m benchmarks.link_probe --wire veth0 /tmp/wire.json
+    torchrun --nnodes 2 --nproc_per_node 2 ... -m benchmarks.link_cap.probe --wire veth0 /tmp/wire.json
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -116,8 +117,16 @@ def main(path: str) -> None:
         dist.destroy_process_group()
 
 
-if __name__ == "__main__":
-    if sys.argv[1] == "--wire":
-        wire(sys.argv[2], sys.argv[3])
+def cli(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("path", help="rank 0 writes its one JSON line here")
+    parser.add_argument("--wire", metavar="DEVICE", help="count the bytes each collective sends over DEVICE instead")
+    args = parser.parse_args(argv)
+    if args.wire:
+        wire(args.wire, args.path)
     else:
-        main(sys.argv[1])
+        main(args.path)
+
+
+if __name__ == "__main__":
+    cli(sys.argv[1:])

@@ -1,4 +1,4 @@
-"""Predictions, tables and plots of benchmarks/link_cap.py: the planner's step time (zero_kit.plan.timing) for
+"""Predictions, tables and plots of benchmarks/link_cap/run.py: the planner's step time (zero_kit.plan.timing) for
 every run, with rates measured on the rig, next to the measured step time and the counted bytes per link tier.
 
 The planner is calibrated as `zero-kit plan --calibrate` does it (zero_kit.plan.calibration) from the one-host
@@ -18,6 +18,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from benchmarks.link_cap.plots import plot_bytes, plot_predicted
 from zero_kit.bench.report import annotate, predicted_comm
 from zero_kit.plan.calibration import calibrate, layout_of
 from zero_kit.plan.rates import Rates
@@ -208,15 +209,13 @@ def rates_text(result: dict) -> str:
 
 
 def write_report(result: dict, rates: list[str], out: Path) -> str:
-    from benchmarks.link_cap_plots import plot_bytes, plot_predicted
-
     (out / "results.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     first = next(r["record"] for r in result["rows"] if r["record"])
     text = (f"# Two hosts x {first['ranks_per_node']} ranks, link uncapped and capped\n\nCommands:\n\n"
             + "".join(f"    {command}\n" for command in result["commands"]) + "\n"
             "## Bytes per step by link tier (ring model, all ranks; veth tx: the kernel's count per step of the "
             "whole run, start-up included)\n\n" + bytes_table(result, rates)
-            + "\n## What each gloo collective sends over the veth (benchmarks/link_probe.py --wire, 2 hosts x 2 "
+            + "\n## What each gloo collective sends over the veth (benchmarks/link_cap/probe.py --wire, 2 hosts x 2 "
             "ranks, 8 MiB payload, per call)\n\n" + wire_table(result)
             + "\n## Step time: measured vs the planner (zero_kit.plan.timing)\n\n" + time_table(result, rates)
             + "\n" + "\n".join(ranking_lines(result, rates, "predicted_step_s", "planner"))
@@ -227,6 +226,8 @@ def write_report(result: dict, rates: list[str], out: Path) -> str:
             f"{first['steps']} steps ({first['warmup']} warm-up), {first['precision']}. Versions {first['versions']}; "
             f"hardware {first['hardware']}. All numbers from one run; the 4 ranks share 2 CPU cores.\n")  # fmt: skip
     (out / "table.md").write_text(text, encoding="utf-8")
-    plot_bytes(result, out / "bytes_by_tier.png")
-    plot_predicted(result, out / "predicted_vs_measured.png")
+    first_rate = [r for r in result["rows"] if r["rate"] == result["rows"][0]["rate"] and r["record"]]
+    counted, planned = zip(*(tiers(r["record"]) for r in first_rate), strict=True) if first_rate else ((), ())
+    plot_bytes([r["strategy"] for r in first_rate], list(counted), list(planned), out / "bytes_by_tier.png")
+    plot_predicted(result, out / "predicted_vs_measured.png", TOLERANCE)
     return text

@@ -1,18 +1,19 @@
-"""Regenerate the checked-in multi-node launch material with `zero-kit launch`:
+"""Regenerate the checked-in multi-node launch material with `zero-kit launch`, from the repository root:
 
-    python benchmarks/launch_files.py
+    python -m benchmarks.launch_files.generate
 
-writes benchmarks/slurm/zero3_deepspeed.sbatch (deepspeed launcher, --no_ssh, one srun task per node),
-benchmarks/slurm/fsdp_torchrun.sbatch (torchrun static rendezvous) and benchmarks/hostfile.example (pdsh
-hostfile). tests/unit/test_launch.py regenerates them and diffs, so they never drift from the code.
-Submit with `sbatch benchmarks/slurm/zero3_deepspeed.sbatch` from the repository root (with .venv installed on
-every node and a LLaMA config directory at models/llama-1b, e.g. a copy of Llama-3.2-1B's config.json).
+writes benchmarks/launch_files/slurm/zero3_deepspeed.sbatch (deepspeed launcher, --no_ssh, one srun task per node),
+benchmarks/launch_files/slurm/fsdp_torchrun.sbatch (torchrun static rendezvous) and
+benchmarks/launch_files/hostfile.example (pdsh hostfile). tests/unit/test_launch.py regenerates them and diffs, so
+they never drift from the code. Submit with `sbatch benchmarks/launch_files/slurm/zero3_deepspeed.sbatch` from the
+repository root (with .venv installed on every node and a LLaMA config directory at models/llama-1b, e.g. a copy
+of Llama-3.2-1B's config.json).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -51,5 +52,6 @@ def generate(out_dir: Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(HERE.parent))
-    generate(HERE)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=HERE, help="where to write them (default: beside this script)")
+    generate(parser.parse_args().out)
