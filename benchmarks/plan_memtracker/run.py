@@ -27,16 +27,9 @@ WORLD = 8
 def _hf_model(shape, checkpointing: bool):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        hidden_size=shape.hidden_size,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads,
-        intermediate_size=shape.intermediate_size,
-        vocab_size=shape.vocab_size,
-        tie_word_embeddings=shape.tie_word_embeddings,
-        attn_implementation="sdpa",
-    )
+    from zero_kit.plan.shapes import hf_config
+
+    config = LlamaConfig(**hf_config(shape), attn_implementation="sdpa")
     model = LlamaForCausalLM(config)
     model.train()
     if checkpointing:

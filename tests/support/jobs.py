@@ -51,7 +51,12 @@ def pythonpath_with(site: Path) -> str:
 
 
 def run(
-    cmd: list[str], *, timeout: int = 240, extra_env: dict | None = None, site: Path | None = None, cwd: Path | None = None
+    cmd: list[str],
+    *,
+    timeout: int = 240,
+    extra_env: dict | None = None,
+    site: Path | None = None,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess:
     """Run `cmd` to the end; it must exit 0 (the failure shows the ends of its stdout and stderr)."""
     run_env = env(site, **(extra_env or {}))

@@ -59,7 +59,7 @@ class PlanOptions:
     """A `zero-kit bench` results.jsonl: the achieved FLOP/s of its DDP (else ZeRO-0) record replace peak x MFU;
     for the same model, sequence and micro batch, each strategy's measured overhead per step is added too."""
     gpu_record: str | None = None
-    """A GPU suite's suite.jsonl (benchmarks/gpu/suite.py): the CUDA context + NCCL memory and the allocator slack
+    """A GPU suite's suite.jsonl (`python -m benchmarks.gpu.suite`): the CUDA context + NCCL memory and the allocator slack
     it measured replace the stated constants (an --assume of the same key wins)."""
     comm_backend: Literal["nccl", "gloo"] = "nccl"
     """Collective library, for its algorithms: nccl (GPUs), or gloo (CPU ranks: a reduce-scatter is an
@@ -203,7 +203,7 @@ def read_gpu_record(path: str, assume, items: list[str]):
     from zero_kit.plan.assumptions import measured_on_gpu
 
     file = Path(path)
-    fix = "pass the suite.jsonl of `python benchmarks/gpu/suite.py` run on a GPU"
+    fix = "pass the suite.jsonl of `python -m benchmarks.gpu.suite` run on a GPU"
     if not file.is_file():
         return assume, [UserError(f"--gpu-record {path}: no such file", fix)]
     try:

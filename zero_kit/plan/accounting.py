@@ -12,7 +12,7 @@ paper's Adam accounting as DeepSpeed 0.19.8 really allocates it; its own estimat
 
 fp32 is what the backends keep when nothing is 16-bit, measured on 2 CPU ranks (gloo) with the tiny LLaMA:
 DeepSpeed still keeps a separate fp32 master partition, so ZeRO-3 fp32 is 20Ψ/N, not 16Ψ/N (storages by owner:
-`benchmarks/measure_state_bytes.py --list-storages`; stage3.py `_create_fp32_partitions` would reuse the parameter
+`python -m benchmarks.state_bytes.run --list-storages`; stage3.py `_create_fp32_partitions` would reuse the parameter
 partition only when `tensor.device == self.device`, but self.device is the string "cpu" / "cuda:0", never equal to
 a torch.device, so it always clones), and ZeRO-1 in 0.19.8 accumulates gradients straight into an fp32 partition,
 exactly like ZeRO-2. DDP and FSDP2 train in

@@ -87,7 +87,7 @@ def describe(assume: Assumptions) -> str:
 
 
 def measured_on_gpu(records: list[object]) -> tuple[dict[str, float], str]:
-    """The constants a GPU suite run measured (benchmarks/gpu/suite.py's suite.jsonl, its "planner" part), as
+    """The constants a GPU suite run measured (`python -m benchmarks.gpu.suite`'s suite.jsonl, its "planner" part), as
     --assume values, and where they come from. CUDA context + NCCL: the memory a fresh process holds after
     creating its context (above what other processes held) plus what its first NCCL communicator took; allocator
     slack: the largest reserved / allocated - 1 over the suite's planner runs. Raises ValueError saying why when

@@ -128,7 +128,7 @@ def _layer_saved(work: Workload, autocast: bool) -> tuple[int, str]:
     SwiGLU keeps gate, silu(gate), up and their product (4a bsI). With autocast over fp32 weights (DDP in
     bf16/fp16) the residual stream stays fp32: both RMSNorms keep fp32 input and normalised tensors (16 bsh) and
     autocast casts each projection's input separately (7a bsh). Measured against autograd's saved tensors in
-    tests/unit/test_plan.py and benchmarks/plan_memtracker.py."""
+    tests/unit/test_plan.py and benchmarks/plan_memtracker/run.py."""
     s, a = work.shape, DTYPE_BYTES[work.precision]
     bs = work.micro_batch * work.seq_len
     mlp, kv = 4 * a * s.intermediate_size, 2 * a * s.kv_size

@@ -20,7 +20,7 @@ and is charged to that tier. The bytes are the ring model's (NCCL's ring, and gl
 all-gather), except that with --comm-backend gloo a reduce-scatter costs a whole all-reduce: ProcessGroupGloo's
 reduce_scatter_tensor clones the input, all-reduces it and keeps its own chunk (reduce_scatter_tensor_coalesced in
 torch/csrc/distributed/c10d/ProcessGroupGloo.cpp); the two-host rig's veth counter confirms it on the installed
-torch (benchmarks/link_probe.py --wire, tests/multinode/test_gloo_wire.py).
+torch (benchmarks/link_cap/probe.py --wire, tests/multinode/test_gloo_wire.py).
 
 Overlap: hidden = min(f x sum of T_c over overlappable collectives, T_comp), f = --assume overlap (0.8); the rest
 is exposed.
@@ -37,7 +37,7 @@ bytes (bytes / host_copy rate; the ranks' CPUs do it with gloo on CPU ranks, non
 
     exposed overhead = max(0, overhead - sum of those waits).
 
-Found on the two-host rig (benchmarks/results/link_cap): the one-host overhead, added in full, overshoots every
+Found on the two-host rig (benchmarks/link_cap/results): the one-host overhead, added in full, overshoots every
 strategy at 200mbit (up to +40-58% for ZeRO-3) while compute + comm alone match; the slow link's wait absorbs it.
 
 Step = T_comp + exposed comm + T_offload + exposed overhead. The dominant term is the largest of compute,
