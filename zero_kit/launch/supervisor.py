@@ -11,6 +11,7 @@ itself. A second SIGINT kills everything at once.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -93,6 +94,8 @@ class _Run:
         self.timed_out = False
         self.interrupts = 0
         self.signal: int | None = None
+        self.known: dict[int, object] = {}
+        """Every descendant seen so far (psutil.Process): a rank orphaned by its launcher's death is still ours."""
 
     def start(self, argvs: list[list[str]], env: dict[str, str], output: Output) -> None:
         for index, argv in enumerate(argvs):
@@ -110,7 +113,9 @@ class _Run:
         """Until every process ended, one failed (the others are then killed: a rank that lost its peers would
         wait for them until its collective timeout), or `timeout` seconds passed."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
+        for turn in itertools.count():
+            if turn % 5 == 0:
+                self.known.update((p.pid, p) for p in _descendants(self.procs))
             for index, proc in enumerate(self.procs):
                 if proc.poll() not in (None, 0) and index not in self.failed_order:
                     self.failed_order.append(index)
@@ -144,7 +149,8 @@ class _Run:
     def kill_all(self) -> None:
         """SIGKILL every process still running and every descendant (torchrun puts each rank into a session of
         its own, so a launcher's process group does not hold its ranks)."""
-        left = _descendants(self.procs)
+        self.known.update((p.pid, p) for p in _descendants(self.procs))
+        left = [p for p in self.known.values() if _running(p)]
         ours = os.getpgrp()
         groups = {_pgid(p.pid) for p in left} - {ours, None}
         for proc in self.procs:
@@ -158,6 +164,9 @@ class _Run:
             if proc.poll() is None:
                 _quietly(proc.kill)
             proc.wait()
+        deadline = time.monotonic() + 10  # SIGKILL lands asynchronously; return only once they are gone
+        while any(_running(p) for p in left) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def join_readers(self) -> None:
         for reader in self.readers:
@@ -220,6 +229,13 @@ def _runs_module(process, module: str) -> bool:
 def _signal(process, signum: int) -> None:
     if process is not None:
         _quietly(process.send_signal, signum)
+
+
+def _running(process) -> bool:
+    try:
+        return process.is_running() and process.status() != "zombie"
+    except Exception:  # psutil.Error
+        return False
 
 
 def _pgid(pid: int) -> int | None:
