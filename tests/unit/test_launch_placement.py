@@ -46,8 +46,7 @@ def test_train_runner_with_a_users_hostfile_caps_ranks_and_ships_the_environment
 
 
 def test_bench_hostfile_writes_its_own_hostfile_for_deepspeed_and_ssh_starts_torchrun(tmp_path):
-    where = from_hostfile(_hostfile(tmp_path), rewrite=True)
-    assert where == Placement("hostfile", ("node1", "node2"), 2)
+    where = Placement("hostfile", ("node1", "node2"), 2)
     ds = launch_commands("m", [], where, DS, port=29700, run_dir=tmp_path / "run")
     assert ds.files[tmp_path / "run" / "hostfile"] == "node1 slots=2\nnode2 slots=2\n"
     assert ds.argvs[0][1:7] == ["--hostfile", str(tmp_path / "run" / "hostfile"), "--master_addr", "node1",
@@ -93,3 +92,15 @@ def test_hostfile_reader_names_file_and_line_and_a_missing_file(tmp_path):
         read_hostfile(str(tmp_path / "missing"))
     with pytest.raises(UserError, match="lists no hosts"):
         read_hostfile(_hostfile(tmp_path, "# only a comment\n"))
+
+
+def test_bench_places_a_hostfile_with_even_slots_only(tmp_path):
+    from zero_kit.bench import BenchOptions
+    from zero_kit.bench.placement import place
+
+    opts = BenchOptions(hostfile=_hostfile(tmp_path), gpus_per_node=1)
+    assert place(opts, {}) == Placement("hostfile", ("node1", "node2"), 1)
+    assert place(BenchOptions(nproc=4, gpus_per_node=2), {}).describe() == {"mode": "local", "nodes": 2,
+                                                                             "ranks_per_node": 2}  # fmt: skip
+    with pytest.raises(UserError, match="different slots"):
+        place(BenchOptions(hostfile=_hostfile(tmp_path, "a slots=1\nb slots=2\n")), {})

@@ -17,18 +17,20 @@ import json
 
 from zero_kit.bench.options import BenchOptions
 from zero_kit.errors import UserError
-from zero_kit.launch import Placement, from_hostfile, in_slurm_allocation, local, read_hostfile, slurm_allocation
+from zero_kit.launch import Placement, in_slurm_allocation, local, read_hostfile, slurm_allocation
 
 
 def place(opts: BenchOptions, environ: dict[str, str]) -> Placement:
     if opts.hostfile:
-        slots = {n for _, n in read_hostfile(opts.hostfile)}
+        hosts = read_hostfile(opts.hostfile)
+        slots = {n for _, n in hosts}
         if len(slots) != 1:
             raise UserError(
                 f"--hostfile {opts.hostfile}: hosts have different slots {sorted(slots)}",
                 "give every host the same slots=N (torchrun starts the same number of ranks on every node)",
             )
-        return from_hostfile(opts.hostfile, opts.gpus_per_node or 0, rewrite=True)
+        # Its own hostfile (launch_commands writes it): --gpus-per-node may ask for fewer ranks than the slots.
+        return Placement("hostfile", tuple(h for h, _ in hosts), opts.gpus_per_node or slots.pop())
     if in_slurm_allocation(environ):
         return slurm_allocation(environ, opts.gpus_per_node or opts.nproc)
     per_node = opts.gpus_per_node or opts.nproc

@@ -61,12 +61,10 @@ def local(nproc: int, ranks_per_node: int = 0) -> Placement:
     return Placement("local", (), ranks_per_node or nproc, local_ranks=nproc)
 
 
-def from_hostfile(path: str, ranks_per_node: int = 0, *, rewrite: bool = False) -> Placement:
-    """The hosts of the hostfile at `path` (checked, errors name file:line). rewrite: launch_commands writes a
-    hostfile of its own with `ranks_per_node` slots (default: the file's, which must then agree)."""
+def from_hostfile(path: str, ranks_per_node: int = 0) -> Placement:
+    """The hosts of the user's hostfile at `path` (checked: errors name file:line), handed to the launcher as it is;
+    ranks_per_node > 0 caps the ranks per host (`--num_gpus`)."""
     hosts = read_hostfile(path)
-    if rewrite:
-        return Placement("hostfile", tuple(h for h, _ in hosts), ranks_per_node or hosts[0][1])
     return Placement("hostfile", tuple(h for h, _ in hosts), ranks_per_node, hostfile=path)
 
 

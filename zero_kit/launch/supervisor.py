@@ -133,7 +133,7 @@ class _Run:
         return self.procs[self.failed_order[0]].returncode if self.failed_order else 0
 
     def signals_forwarded(self):
-        return _forwarding(self)
+        return _SignalsForwarded(self)
 
     def forward(self, signum: int) -> None:
         self.signal = self.signal or signum
@@ -173,7 +173,7 @@ class _Run:
             reader.join(10)
 
 
-class _forwarding:
+class _SignalsForwarded:
     """SIGINT and SIGTERM handlers that forward to the ranks while the launch runs (main thread only: Python
     delivers signals there; elsewhere the launch runs without them)."""
 
