@@ -14,6 +14,13 @@ import sys
 WORLD_SIZE_ENV = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
 """Where launchers put the number of ranks, in the order they are trusted."""
 
+# The rendezvous ports, declared once (zero_kit.launch and the commands read them from here).
+RENDEZVOUS_PORT = 29500
+"""torch's and the deepspeed launcher's own default MASTER_PORT: a rank under srun without one, and
+`zero-kit train --hostfile` (the rendezvous is on the first host, whose free ports this host cannot see)."""
+MULTI_NODE_PORT = 29700
+"""`zero-kit launch` and its sbatch scripts; `zero-kit bench` starts here (strategy i: MULTI_NODE_PORT + i)."""
+
 
 def under_launcher(env: dict[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
@@ -47,7 +54,7 @@ def slurm_to_torch_env(env: dict[str, str]) -> dict[str, str]:
         "WORLD_SIZE": env["SLURM_NTASKS"],
         "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
         "MASTER_ADDR": env.get("MASTER_ADDR", "127.0.0.1"),
-        "MASTER_PORT": env.get("MASTER_PORT", "29500"),
+        "MASTER_PORT": env.get("MASTER_PORT", str(RENDEZVOUS_PORT)),
     }
 
 

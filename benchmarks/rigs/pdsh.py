@@ -86,9 +86,11 @@ class SshHosts(OnHosts):
 
 
 def write_hostfile(path: str | Path, hosts: Sequence[str], slots: int = 1) -> Path:
-    """A DeepSpeed hostfile: one `HOST slots=N` line per host (names or addresses)."""
+    """A DeepSpeed hostfile: one `HOST slots=N` line per host (names or addresses), as zero_kit.launch writes it."""
+    from zero_kit.launch import hostfile_text
+
     path = Path(path)
-    path.write_text("".join(f"{host} slots={slots}\n" for host in hosts), encoding="utf-8")
+    path.write_text(hostfile_text(list(hosts), slots), encoding="utf-8")
     return path
 
 

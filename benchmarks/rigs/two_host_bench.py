@@ -1,7 +1,8 @@
 """Two real hosts on one machine for multi-node benchmark runs: two network namespaces joined by a veth pair
 (root and iproute2 needed), optionally with each host's sending rate capped by a token bucket (`tc tbf`) to
 emulate commodity Ethernet. Each host runs its own launcher (`deepspeed --no_ssh --node_rank i`, or `torchrun
---nnodes 2 --node_rank i`), gloo talks over real TCP between the namespaces.
+--nnodes 2 --node_rank i`), gloo talks over real TCP between the namespaces. The commands and their supervision
+are zero_kit.launch's (a per-node placement whose prefix is `ip netns exec HOST env ...`).
 
 Addresses are 10.78.<subnet>.1 and .2 (the shared recipe uses 10.77.0.x; a separate subnet per caller keeps
 parallel tests apart). Namespaces are always removed on exit, also when the run fails.
@@ -9,62 +10,50 @@ parallel tests apart). Namespaces are always removed on exit, also when the run 
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from benchmarks.rigs.netns import TwoHosts, remove_hosts, two_hosts  # noqa: F401 (the rig, re-exported)
 from zero_kit.bench.options import PROGRESS, BenchOptions
+from zero_kit.bench.placement import rank_args
+from zero_kit.launch import Launch, Launcher, Output, launch_commands, per_node, supervise
 
 
-def node_command(strategy: str, opts: BenchOptions, hosts: TwoHosts, node: int, hostfile: str, record: str) -> list:
-    from zero_kit.launch import deepspeed_command, torchrun_command
+def node_prefix(hosts: TwoHosts, node: int) -> tuple[str, ...]:
+    """What starts a command on host `node`: its namespace, gloo on its veth end."""
+    env = ["env", f"GLOO_SOCKET_IFNAME={hosts.device(node)}", "OMP_NUM_THREADS=1", "HF_HUB_OFFLINE=1"]
+    return tuple(hosts.exec(node, *env))
+
+
+def two_host_launch(strategy: str, opts: BenchOptions, hosts: TwoHosts, log_dir: Path, record: str) -> Launch:
+    """One strategy's launchers, `opts.nproc` ranks per host (the hostfile lists the hosts' addresses)."""
     from zero_kit.strategies import check_name
 
-    args = ["--strategy", strategy, "--options-json", json.dumps(dataclasses.asdict(opts)), "--record", record]
-    if check_name(strategy).launcher == "deepspeed":
-        launch = deepspeed_command("zero_kit.bench", args, nproc=opts.nproc, master_port=opts.master_port,
-                                   hostfile=hostfile, node_rank=node, master_addr=hosts.addresses[0])  # fmt: skip
-    else:
-        launch = torchrun_command("zero_kit.bench", args, nproc=opts.nproc, master_port=opts.master_port, nnodes=2,
-                                  node_rank=node, master_addr=hosts.addresses[0])  # fmt: skip
-    env = ["env", f"GLOO_SOCKET_IFNAME={hosts.device(node)}", "OMP_NUM_THREADS=1", "HF_HUB_OFFLINE=1"]
-    return ["ip", "netns", "exec", hosts.names[node], *env, *launch]
+    where = per_node([(address, opts.nproc) for address in hosts.addresses], [node_prefix(hosts, n) for n in (0, 1)])
+    return launch_commands("zero_kit.bench", rank_args(strategy, opts, record), where,
+                           Launcher(check_name(strategy).launcher), port=opts.master_port, run_dir=log_dir)  # fmt: skip
 
 
 def run_two_hosts(strategy: str, opts: BenchOptions, hosts: TwoHosts, log_dir: Path, progress=None) -> dict | None:
     """One strategy across the two hosts, `opts.nproc` ranks per host. Returns rank 0's record, or None."""
-    from zero_kit.launch import hostfile_text
-
     log_dir.mkdir(parents=True, exist_ok=True)
-    hostfile = log_dir / "hostfile"
-    hostfile.write_text(hostfile_text(list(hosts.addresses), opts.nproc), encoding="utf-8")
     fd, record = tempfile.mkstemp(suffix=".jsonl", dir=log_dir)
     os.close(fd)
-    procs = []
-    try:
-        for node in (1, 0):
-            log = open(log_dir / f"{strategy}.node{node}.log", "w", encoding="utf-8")  # noqa: SIM115 (closed below)
-            cmd = node_command(strategy, opts, hosts, node, str(hostfile), record)
-            log.write(" ".join(cmd) + "\n")
+    launch = two_host_launch(strategy, opts, hosts, log_dir, record)
+    with contextlib.ExitStack() as stack:
+        logs = [stack.enter_context(open(log_dir / f"{strategy}.node{n}.log", "w", encoding="utf-8")) for n in (0, 1)]
+        for log, argv in zip(logs, launch.argvs, strict=True):
+            log.write(" ".join(argv) + "\n")
             log.flush()
-            procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
-        codes = [proc.wait(timeout=opts.timeout) for proc, _ in procs]
-    except subprocess.TimeoutExpired:
-        codes = [1]
-    finally:
-        for proc, log in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
-                proc.wait()
-            log.close()
+        outcome = supervise(launch, timeout=opts.timeout, output=Output(files=logs))
+    outcome.reraise()
     lines = Path(record).read_text(encoding="utf-8").splitlines()
     os.unlink(record)
-    if any(codes) or not lines:
+    if outcome.exit_code != 0 or not lines:
         return None
     result = json.loads(lines[-1])
     if progress:

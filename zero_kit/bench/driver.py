@@ -11,95 +11,50 @@ import threading
 from pathlib import Path
 
 from zero_kit.bench.options import PROGRESS, BenchOptions
-from zero_kit.bench.placement import Placement, commands, place
+from zero_kit.bench.placement import place, rank_args
 from zero_kit.bench.worker import model_config
+from zero_kit.launch import Placement
 
 RUN_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def _run_one(strategy: str, opts: BenchOptions, index: int, out_dir: Path, where: Placement, progress):
     """Launch one strategy; returns (record or None, log path). Progress lines from rank 0 go to `progress`."""
-    import subprocess
     import tempfile
+
+    from zero_kit.launch import Launcher, Output, launch_commands, supervise
+    from zero_kit.strategies import check_name
 
     log_path = out_dir / "logs" / f"{strategy}.log"
     fd, record_path = tempfile.mkstemp(suffix=".jsonl", dir=out_dir / "logs")
     os.close(fd)
     run_dir = out_dir / "logs" / f"{strategy}.launch"
     run_dir.mkdir(exist_ok=True)
-    argvs, extra = commands(strategy, opts, opts.master_port + index, record_path, where, run_dir)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **RUN_ENV, **extra}
+    launcher = Launcher(check_name(strategy).launcher)
+    launch = launch_commands("zero_kit.bench", rank_args(strategy, opts, record_path), where, launcher,
+                             port=opts.master_port + index, run_dir=run_dir)  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **RUN_ENV}
     with open(log_path, "w", encoding="utf-8") as log:
-        log.write("".join(" ".join(argv) + "\n" for argv in argvs))
-        procs = [
-            subprocess.Popen(
-                argv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                text=True,
-                env=env,
-                start_new_session=True,
-            )  # fmt: skip
-            for argv in argvs
-        ]
-        try:
-            _pump(procs, log, progress, opts.timeout)
-        finally:
-            for proc in procs:
-                _stop(proc)
-    with open(record_path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    os.unlink(record_path)
-    if any(proc.returncode != 0 for proc in procs) or not lines:
-        return None, str(log_path)
-    record = json.loads(lines[-1])
-    record["command"] = " ;; ".join(" ".join(argv) for argv in argvs)
-    record["launch"] = where.describe()
-    return record, str(log_path)
+        log.write("".join(" ".join(argv) + "\n" for argv in launch.argvs))
+        lock = threading.Lock()
 
-
-def _pump(procs, log, progress, timeout: float) -> None:
-    """Every process's output into the log (rank 0's progress lines also to `progress`), until all have ended
-    or `timeout` seconds passed (then all are killed). One process failing ends the others: a rank that lost
-    its peers would otherwise wait for them until its collective timeout."""
-    lock = threading.Lock()
-    failed = threading.Event()
-
-    def read(proc) -> None:
-        for line in proc.stdout:
-            line = line.replace("\r", "")  # ssh -tt output
+        def on_line(_process: int, line: str) -> None:
             with lock:
                 log.write(line)
                 if line.startswith(PROGRESS):
                     progress(line[len(PROGRESS) :].strip())
-        if proc.wait() != 0:
-            failed.set()
 
-    readers = [threading.Thread(target=read, args=(proc,), daemon=True) for proc in procs]
-    for reader in readers:
-        reader.start()
-    deadline = threading.Event()
-    timer = threading.Timer(timeout, deadline.set)
-    timer.start()
-    try:
-        while any(r.is_alive() for r in readers) and not deadline.is_set() and not failed.is_set():
-            readers[0].join(0.2)
-    finally:
-        timer.cancel()
-        if deadline.is_set() or failed.is_set():
-            for proc in procs:
-                _stop(proc)
-        for reader in readers:
-            reader.join(10)
-
-
-def _stop(proc) -> None:
-    import signal
-
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher's own process group (start_new_session)
-        proc.wait()
+        outcome = supervise(launch, env=env, timeout=opts.timeout, output=Output(on_line=on_line))
+    outcome.reraise()  # Ctrl-C or SIGTERM ends the whole bench, not just this strategy
+    with open(record_path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    os.unlink(record_path)
+    if outcome.exit_code != 0 or not lines:
+        return None, str(log_path)
+    record = json.loads(lines[-1])
+    record["command"] = " ;; ".join(" ".join(argv) for argv in launch.argvs)
+    record["launch"] = where.describe()
+    return record, str(log_path)
 
 
 def run_bench(opts: BenchOptions, progress=None) -> list[dict]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from zero_kit.dist import MULTI_NODE_PORT
+
 PROGRESS = "[zk-bench]"
 """Prefix of the progress lines rank 0 prints; the driver shows them and keeps the rest in the log."""
 
@@ -51,7 +53,7 @@ class BenchOptions:
     after every collective, so leave it off for GPU timings)."""
     out: str = "bench_out"
     """Output directory: results.jsonl, table.md, PNG plots, logs/."""
-    master_port: int = 29700
+    master_port: int = MULTI_NODE_PORT
     """First rendezvous port; strategy i uses master_port + i."""
     timeout: int = 600
     """Seconds allowed per strategy run before it is killed and reported failed."""

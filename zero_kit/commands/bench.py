@@ -11,6 +11,7 @@ from zero_kit.options import add_dataclass_arguments, dataclass_from_args, optio
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from zero_kit.bench import BenchOptions
+    from zero_kit.launch import add_slurm_arguments
 
     add_dataclass_arguments(parser, BenchOptions)
     parser.add_argument(
@@ -20,9 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " --gpus-per-node ranks each, one after another, into one results directory (--out)",
     )
     parser.add_argument("-o", "--output", metavar="FILE", help="where --slurm writes the sbatch script")
-    parser.add_argument("--job-name", default="zero-kit-bench", help="SLURM job name (with --slurm)")
-    parser.add_argument("--time", default="02:00:00", help="SLURM time limit (with --slurm)")
-    parser.add_argument("--partition", default=None, help="SLURM partition (with --slurm)")
+    add_slurm_arguments(parser, "bench")
     parser.add_argument(
         "--report",
         metavar="DIR",

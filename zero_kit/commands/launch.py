@@ -9,7 +9,9 @@ import shlex
 import sys
 from pathlib import Path
 
+from zero_kit.dist import MULTI_NODE_PORT
 from zero_kit.errors import UserError
+from zero_kit.launch import add_slurm_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,16 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (hostfile slots)")
     parser.add_argument("--hosts", default="", help="comma-separated host names for --write-hostfile")
     parser.add_argument("--master-addr", default=None, help="first node's address (default: first hostfile host)")
-    parser.add_argument("--master-port", type=int, default=29700, help="rendezvous port")
+    parser.add_argument("--master-port", type=int, default=MULTI_NODE_PORT, help="rendezvous port")
     parser.add_argument(
         "--module",
         default=None,
         help="python module each rank runs (default: zero_kit.cli when the arguments after -- start with a"
         " zero-kit command such as train, else a zero-kit bench rank, zero_kit.bench)",
     )
-    parser.add_argument("--job-name", default="zero-kit", help="SLURM job name")
-    parser.add_argument("--time", default="01:00:00", help="SLURM time limit")
-    parser.add_argument("--partition", default=None, help="SLURM partition")
+    add_slurm_arguments(parser, "launch")
     parser.add_argument("--venv", default=None, help="virtual environment each node activates (default: this one)")
     parser.add_argument("-o", "--output", default=None, help="write the script here instead of printing it")
     parser.add_argument("module_args", nargs=argparse.REMAINDER, help="arguments after -- go to the module")
@@ -74,24 +74,19 @@ def _emit(text: str, output: str | None) -> None:
 
 
 def _per_node_commands(args: argparse.Namespace) -> str:
-    from zero_kit.launch import deepspeed_command, parse_hostfile, torchrun_command
+    """What each node runs, as zero_kit.launch would start it: one launcher per node (`--no_ssh --node_rank i`,
+    or torchrun's static rendezvous), the hostfile read as it is."""
+    from zero_kit.launch import Launcher, launch_commands, per_node, read_hostfile
 
-    try:
-        text = Path(args.hostfile).read_text(encoding="utf-8")
-    except OSError as err:
-        raise UserError(f"cannot read --hostfile {args.hostfile}: {err.strerror}", "pass an existing file") from err
-    hosts = parse_hostfile(text, args.hostfile)
-    master = args.master_addr or hosts[0][0]
-    lines = []
-    for rank, (host, slots) in enumerate(hosts):
-        if _launcher(args) == "deepspeed":
-            cmd = deepspeed_command(_module(args), _module_args(args), nproc=slots, master_port=args.master_port,
-                                    hostfile=args.hostfile, node_rank=rank, master_addr=master, launcher="deepspeed")  # fmt: skip
-        else:
-            cmd = torchrun_command(_module(args), _module_args(args), nproc=slots, master_port=args.master_port,
-                                   nnodes=len(hosts), node_rank=rank, master_addr=master, python="python")  # fmt: skip
-        lines.append(f"# on {host}\n{shlex.join(cmd)}")
-    return "\n".join(lines) + "\n"
+    where = per_node(read_hostfile(args.hostfile), hostfile=args.hostfile)
+    kind = _launcher(args)
+    launcher = Launcher(kind, program=("deepspeed",) if kind == "deepspeed" else ("python",))
+    launch = launch_commands(_module(args), _module_args(args), where, launcher, port=args.master_port,
+                             master_addr=args.master_addr)  # fmt: skip
+    return (
+        "\n".join(f"# on {host}\n{shlex.join(cmd)}" for host, cmd in zip(launch.hosts, launch.argvs, strict=True))
+        + "\n"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,250 @@
+"""The one supervisor of a launch: starts its processes, forwards SIGINT and SIGTERM to the ranks, ends them all
+when one fails or the time is up, and turns a stall into the watchdog's report and exit code. Ranks never outlive
+it: whatever is left when it returns (also ranks a launcher put into sessions of their own) is killed.
+
+Signals go to the ranks themselves (the processes whose `python -m` module is the launch's module), not to the
+launchers between: the deepspeed launcher answers a SIGTERM by killing its ranks and exiting 1, so a preempted
+rank could not save and exit 75; a launcher that started its ranks elsewhere (pdsh, ssh, srun) gets the signal
+itself. A second SIGINT kills everything at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from zero_kit.launch.placement import Launch
+from zero_kit.watchdog import EXIT_STALLED, read_marker
+
+EXIT_TIMED_OUT = 124
+"""Exit code of a launch ended by its overall timeout (what coreutils' `timeout` returns)."""
+POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class Outcome:
+    codes: list[int]
+    """Each process's exit code, in the launch's order (negative: ended by that signal)."""
+    exit_code: int
+    """EXIT_STALLED with a stall report, EXIT_TIMED_OUT after the timeout, else the first failure's code or 0."""
+    timed_out: bool = False
+    stall_report: str | None = None
+    signal: int | None = None
+    """The first SIGINT or SIGTERM the supervisor received (and forwarded) while the launch ran."""
+
+    def reraise(self) -> None:
+        """Deliver the signal the supervisor took to the caller's own handler, as if it had not been taken
+        (SIGINT: KeyboardInterrupt; SIGTERM: usually the end of the process): a driver of several launches stops."""
+        if self.signal is not None:
+            signal.raise_signal(self.signal)
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where the processes' output goes: inherited (default), one file per process, or line by line to
+    `on_line(process index, line)` (piped; read by one thread per process)."""
+
+    files: Sequence[TextIO] = ()
+    on_line: Callable[[int, str], None] | None = None
+
+
+def supervise(launch: Launch, *, env: dict[str, str] | None = None, timeout: float | None = None,
+              output: Output | None = None, own_groups: bool = True, stall_dir: Path | None = None,
+              name: str = "zero-kit") -> Outcome:  # fmt: skip
+    """Run `launch` to its end. `env`: the processes' whole environment (default os.environ), launch.env added.
+    own_groups: each process in a session of its own (False: in ours, so that whoever kills our process group,
+    a scheduler or an OOM killer, kills the ranks with us). stall_dir: the job's heartbeat directory; when the
+    watchdog ended the job there, its report is printed as `NAME: the stall watchdog ended the job: ...`."""
+    launch.write_files()
+    full_env = {**(os.environ if env is None else env), **launch.env}
+    started = time.time()
+    run = _Run(launch.module, own_groups)
+    with run.signals_forwarded():
+        try:
+            run.start(launch.argvs, full_env, output or Output())
+            run.wait(timeout)
+        finally:
+            run.kill_all()
+            run.join_readers()
+    codes = [proc.returncode for proc in run.procs]
+    report = read_marker(stall_dir, started) if stall_dir is not None and any(codes) else None
+    if report is not None:
+        print(f"{name}: the stall watchdog ended the job: {report}", file=sys.stderr, flush=True)
+    exit_code = EXIT_STALLED if report else EXIT_TIMED_OUT if run.timed_out else run.first_failure()
+    return Outcome(codes, exit_code, run.timed_out, report, run.signal)
+
+
+class _Run:
+    def __init__(self, module: str, own_groups: bool) -> None:
+        self.module = module
+        self.own_groups = own_groups
+        self.procs: list[subprocess.Popen] = []
+        self.readers: list[threading.Thread] = []
+        self.failed_order: list[int] = []
+        self.timed_out = False
+        self.interrupts = 0
+        self.signal: int | None = None
+        self.known: dict[int, object] = {}
+        """Every descendant seen so far (psutil.Process): a rank orphaned by its launcher's death is still ours."""
+
+    def start(self, argvs: list[list[str]], env: dict[str, str], output: Output) -> None:
+        for index, argv in enumerate(argvs):
+            sink = output.files[index] if output.files else subprocess.PIPE if output.on_line else None
+            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=sink,
+                                    stderr=subprocess.STDOUT if sink is not None else None, text=True,
+                                    start_new_session=self.own_groups)  # fmt: skip
+            self.procs.append(proc)
+            if output.on_line:
+                reader = threading.Thread(target=_pump, args=(proc, index, output.on_line), daemon=True)
+                reader.start()
+                self.readers.append(reader)
+
+    def wait(self, timeout: float | None) -> None:
+        """Until every process ended, one failed (the others are then killed: a rank that lost its peers would
+        wait for them until its collective timeout), or `timeout` seconds passed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for turn in itertools.count():
+            if turn % 5 == 0:
+                self.known.update((p.pid, p) for p in _descendants(self.procs))
+            for index, proc in enumerate(self.procs):
+                if proc.poll() not in (None, 0) and index not in self.failed_order:
+                    self.failed_order.append(index)
+            if self.failed_order or all(proc.returncode is not None for proc in self.procs):
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                self.timed_out = True
+                return
+            time.sleep(POLL_S)
+
+    def first_failure(self) -> int:
+        for index, proc in enumerate(self.procs):
+            if proc.returncode and index not in self.failed_order:
+                self.failed_order.append(index)  # killed after the first failure: its code comes after
+        return self.procs[self.failed_order[0]].returncode if self.failed_order else 0
+
+    def signals_forwarded(self):
+        return _SignalsForwarded(self)
+
+    def forward(self, signum: int) -> None:
+        self.signal = self.signal or signum
+        if signum == signal.SIGINT:
+            self.interrupts += 1
+            if self.interrupts > 1:
+                self.kill_all()
+                return
+        ranks = [p for p in _descendants(self.procs) if _runs_module(p, self.module)]
+        for target in ranks or [_process(proc.pid) for proc in self.procs if proc.poll() is None]:
+            _signal(target, signum)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process still running and every descendant (torchrun puts each rank into a session of
+        its own, so a launcher's process group does not hold its ranks)."""
+        self.known.update((p.pid, p) for p in _descendants(self.procs))
+        left = [p for p in self.known.values() if _running(p)]
+        ours = os.getpgrp()
+        groups = {_pgid(p.pid) for p in left} - {ours, None}
+        for proc in self.procs:
+            if proc.poll() is None and self.own_groups:
+                groups.add(proc.pid)
+        for group in groups:
+            _quietly(os.killpg, group, signal.SIGKILL)
+        for proc in left:
+            _quietly(proc.kill)
+        for proc in self.procs:
+            if proc.poll() is None:
+                _quietly(proc.kill)
+            proc.wait()
+        deadline = time.monotonic() + 10  # SIGKILL lands asynchronously; return only once they are gone
+        while any(_running(p) for p in left) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def join_readers(self) -> None:
+        for reader in self.readers:
+            reader.join(10)
+
+
+class _SignalsForwarded:
+    """SIGINT and SIGTERM handlers that forward to the ranks while the launch runs (main thread only: Python
+    delivers signals there; elsewhere the launch runs without them)."""
+
+    def __init__(self, run: _Run) -> None:
+        self.run = run
+        self.previous: dict[int, object] = {}
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.previous[signum] = signal.signal(signum, lambda s, frame: self.run.forward(s))
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def _pump(proc: subprocess.Popen, index: int, on_line: Callable[[int, str], None]) -> None:
+    for line in proc.stdout:
+        on_line(index, line.replace("\r", ""))  # ssh -tt output ends lines with \r\n
+
+
+def _process(pid: int):
+    import psutil
+
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def _descendants(procs: list[subprocess.Popen]) -> list:
+    import psutil
+
+    found = []
+    for proc in procs:
+        parent = _process(proc.pid)
+        if parent is not None:
+            with contextlib.suppress(psutil.Error):
+                found += parent.children(recursive=True)
+    return found
+
+
+def _runs_module(process, module: str) -> bool:
+    """A rank: `python [-u] -m MODULE ...` (a launcher's own `-m` names the launcher, never the module)."""
+    try:
+        cmdline = process.cmdline()
+    except Exception:  # psutil.Error: gone, or not ours to read
+        return False
+    return "-m" in cmdline[:4] and cmdline.index("-m") + 1 < len(cmdline) and cmdline[cmdline.index("-m") + 1] == module
+
+
+def _signal(process, signum: int) -> None:
+    if process is not None:
+        _quietly(process.send_signal, signum)
+
+
+def _running(process) -> bool:
+    try:
+        return process.is_running() and process.status() != "zombie"
+    except Exception:  # psutil.Error
+        return False
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _quietly(call, *args) -> None:
+    with contextlib.suppress(Exception):  # ProcessLookupError, psutil.NoSuchProcess: it ended meanwhile
+        call(*args)
