@@ -162,16 +162,14 @@ def build_strategy(name: str, model, options: StrategyOptions) -> Strategy:
 
             return FSDPStrategy(model, options, name=name, hierarchy=info.hierarchy)
         case "deepspeed":
-            from zero_kit.strategies.deepspeed import DeepSpeedStrategy
+            from zero_kit.strategies.deepspeed import DeepSpeedStrategy, ZeroSetup
 
             offload = "cpu" if info.offload_optimizer else "none"
             zero = dict(info.zero_overrides)
             secondary = info.secondary_ranks(options.world_size, options.ranks_per_node)
             if secondary:
                 zero["zero_hpz_partition_size"] = secondary
-            return DeepSpeedStrategy(
-                model, options, stage=info.stage, offload_optimizer=offload, name=name, zero=zero,
-                low_precision_states=info.low_precision_states,
-            )  # fmt: skip
+            setup = ZeroSetup(info.stage, offload, zero, info.low_precision_states)
+            return DeepSpeedStrategy(model, options, setup, name=name)
         case _:
             raise ValueError(f"unknown backend {info.backend!r} for strategy {name!r}")

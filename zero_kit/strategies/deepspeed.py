@@ -21,6 +21,7 @@ in the bench's report).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from zero_kit.metrics import storage_bytes, storage_ptrs
@@ -28,14 +29,18 @@ from zero_kit.strategies.base import Strategy as _Base
 from zero_kit.strategies.base import StrategyOptions, make_optimizer, optimizer_state_tensors
 
 
-def ds_config_for(
-    options: StrategyOptions,
-    stage: int,
-    offload_optimizer: str,
-    hidden_size: int,
-    zero: dict[str, Any],
-    low_precision_states: bool = False,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ZeroSetup:
+    """What a registry entry asks of DeepSpeed: the ZeRO stage, optimizer offload ("cpu" or "none"), the named
+    variant's zero_optimization keys (hpZ size included) and bf16 low-precision optimizer states."""
+
+    stage: int
+    offload_optimizer: str
+    zero: dict[str, Any] = field(default_factory=dict)
+    low_precision_states: bool = False
+
+
+def ds_config_for(options: StrategyOptions, setup: ZeroSetup, hidden_size: int) -> dict[str, Any]:
     """The generator's config for this run. Changes, and why:
     - without offload the "optimizer" section is dropped and the same torch AdamW as DDP/FSDP2 is passed as a
       client optimizer: DeepSpeed's own AdamW choice (FusedAdam / CPU Adam) would make fp32 parity a test of
@@ -44,8 +49,9 @@ def ds_config_for(
     from zero_kit.config.builder import RunAdjustments, build_ds_config
     from zero_kit.config.spec import ZeroSpec
 
-    zero = dict(zero)
+    zero = dict(setup.zero)
     hpz = zero.pop("zero_hpz_partition_size", None)
+    stage, offload_optimizer, low_precision_states = setup.stage, setup.offload_optimizer, setup.low_precision_states
     spec = ZeroSpec(
         stage=stage,
         # the generator's bf16 state options are bf16 runs (--precision bf16): bf16 weights under bf16 autocast
@@ -69,30 +75,19 @@ def ds_config_for(
 
 
 class DeepSpeedStrategy(_Base):
-    def __init__(
-        self,
-        model,
-        options: StrategyOptions,
-        *,
-        stage: int,
-        offload_optimizer: str,
-        name: str,
-        zero: dict[str, Any],
-        low_precision_states: bool = False,
-    ) -> None:
+    def __init__(self, model, options: StrategyOptions, setup: ZeroSetup, *, name: str) -> None:
         import deepspeed
 
         self.options = options
         self.name = name
         self.secondary_bytes = 0
-        # zero: the named variants' zero_optimization keys (the registry's zero_overrides)
         hidden = model.config.hidden_size
-        self.config = ds_config_for(options, stage, offload_optimizer, hidden, zero, low_precision_states)
-        client = make_optimizer(model.parameters(), options) if offload_optimizer == "none" else None
+        self.config = ds_config_for(options, setup, hidden)
+        client = make_optimizer(model.parameters(), options) if setup.offload_optimizer == "none" else None
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=self.config)
         if options.compile:
             self.engine.compile()
-        self.stage = stage
+        self.stage = setup.stage
 
     def forward_backward(self, batch: dict[str, Any], last: bool) -> float:
         batch = {k: v.to(self.engine.device) for k, v in batch.items()}
