@@ -9,7 +9,8 @@ the benchmark) and across its two hosts at every rate (one rank per host: the ve
 
 With --wire DEVICE it measures instead what each collective really sends over the link: every rank reads its
 host's DEVICE tx counter (the kernel's count of bytes sent) around WIRE_REPEATS calls of each of all_reduce,
-all_gather_into_tensor and reduce_scatter_tensor, and rank 0 writes the bytes per call each host sent next to the
+all_gather_into_tensor and reduce_scatter_tensor, WIRE_TRIALS times (each host keeps its median trial: now and
+then, 3 of 20 runs here on 2026-11-25, one all-gather trial counted up to 4% fewer bytes than all others), and rank 0 writes the bytes per call each host sent next to the
 ring model's (zero_kit.metrics.ring_bytes, the world ring crossing each host's link once):
 
     torchrun --nnodes 2 --nproc_per_node 2 ... -m benchmarks.link_cap.probe --wire veth0 /tmp/wire.json
@@ -26,6 +27,7 @@ import time
 PAYLOAD_BYTES = 8 * 2**20
 REPEATS = 9
 WIRE_REPEATS = 3
+WIRE_TRIALS = 3
 KINDS = ("allreduce", "allgather", "reducescatter")
 
 
@@ -64,8 +66,22 @@ def _tx_bytes(device: str) -> int:
         return int(f.read())
 
 
+def _sent_over(device: str, call, local: int) -> int:
+    """Bytes this host sent over `device` during WIRE_REPEATS calls (read by local rank 0; others return 0)."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    before = _tx_bytes(device)
+    for _ in range(WIRE_REPEATS):
+        call()
+    dist.barrier()
+    return _tx_bytes(device) - before if local == 0 else 0
+
+
 def wire(device: str, path: str) -> None:
     """Bytes each host sends over `device` per call of each collective (module doc)."""
+    import statistics
+
     import torch.distributed as dist
 
     from zero_kit.metrics import ring_bytes
@@ -78,12 +94,8 @@ def wire(device: str, path: str) -> None:
         for kind in KINDS:
             call = _collective(kind, world)
             call()  # warm-up: connections, buffers
-            dist.barrier()
-            before = _tx_bytes(device)
-            for _ in range(WIRE_REPEATS):
-                call()
-            dist.barrier()
-            sent = (_tx_bytes(device) - before) if local == 0 else 0  # one reader per host
+            trials = [_sent_over(device, call, local) for _ in range(WIRE_TRIALS)]
+            sent = statistics.median(trials) if local == 0 else 0  # one reader per host
             per_host = [0] * world
             dist.all_gather_object(per_host, sent)
             ring = ring_bytes(kind, PAYLOAD_BYTES, world)  # each rank to its successor; one crossing per host
