@@ -9,9 +9,10 @@ the benchmark) and across its two hosts at every rate (one rank per host: the ve
 
 With --wire DEVICE it measures instead what each collective really sends over the link: every rank reads its
 host's DEVICE tx counter (the kernel's count of bytes sent) around WIRE_REPEATS calls of each of all_reduce,
-all_gather_into_tensor and reduce_scatter_tensor, WIRE_TRIALS times (each host keeps its median trial: now and
-then, 3 of 20 runs here on 2026-11-25, one all-gather trial counted up to 4% fewer bytes than all others), and rank 0 writes the
-bytes per call each host sent next to the ring model's (zero_kit.metrics.ring_bytes, the world ring crossing each host's link once):
+all_gather_into_tensor and reduce_scatter_tensor, WIRE_TRIALS times, and each host keeps its median trial (now
+and then, 3 of 20 runs here on 2026-11-25, one all-gather trial counted up to 4% fewer bytes than all others).
+Rank 0 writes the bytes per call each host sent next to the ring model's (zero_kit.metrics.ring_bytes, the world
+ring crossing each host's link once):
 
     torchrun --nnodes 2 --nproc_per_node 2 ... -m benchmarks.link_cap.probe --wire veth0 /tmp/wire.json
 """
