@@ -98,8 +98,6 @@ class ResolvedRun:
     from_file: bool
     """The DeepSpeed dict came from --ds-config (linted) rather than the generator."""
     zero_stage: int
-    micro_batch: int
-    grad_accum: int
     learning_rate: float
     planner: PlannerView
     nvme_dirs: tuple[tuple[str, str], ...]
@@ -108,6 +106,14 @@ class ResolvedRun:
     @property
     def output(self) -> Path:
         return Path(self.options.output)
+
+    @property
+    def micro_batch(self) -> int:
+        return self.options.micro_batch
+
+    @property
+    def grad_accum(self) -> int:
+        return self.options.grad_accum
 
 
 def resolve_run(opts: TrainOptions, machine: Machine | None = None) -> ResolvedRun:
@@ -128,8 +134,6 @@ def resolve_run(opts: TrainOptions, machine: Machine | None = None) -> ResolvedR
         ds_config=ds_config,
         from_file=from_file,
         zero_stage=stage,
-        micro_batch=options.micro_batch,
-        grad_accum=options.grad_accum,
         learning_rate=default_lr(options),
         planner=planner_view(ds_config, workload_of(options, precision), machine),
         nvme_dirs=nvme_dirs(ds_config, from_file),
