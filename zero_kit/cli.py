@@ -21,6 +21,7 @@ COMMANDS = {
     "export": "ZeRO checkpoint -> plain Hugging Face safetensors directory (or LoRA adapter)",
     "bench": "compare DDP, FSDP2 and ZeRO-0..3 with real launches: tokens/s, memory, bytes, loss parity",
     "launch": "write the launch command, hostfile or SLURM sbatch script for multi-node runs",
+    "ops": "build DeepSpeed's ops ahead of time (cluster image, login node) into the directory runs use",
 }
 
 

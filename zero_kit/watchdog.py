@@ -30,6 +30,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,9 @@ HEARTBEAT_DIR = ".zero_kit_heartbeat"
 """Where a job keeps its heartbeats, inside its output directory (shared by every node, like the checkpoints)."""
 POLL_S = 1.0
 KILL_GRACE_S = 5.0
+KEEP_ALIVE_LIMIT_S = 3600.0
+"""The longest a live wait (an op build this rank runs or waits for) is beaten for; longer is a stall again."""
+_started: Heartbeat | None = None  # this process's heartbeat, for work deep below the job (op builds)
 
 
 def nccl_watchdog_env(stall_timeout: float) -> dict[str, str]:
@@ -69,8 +74,11 @@ class Heartbeat:
     stall_timeout: float
 
     def start(self) -> Heartbeat:
+        global _started
         self.directory.mkdir(parents=True, exist_ok=True)
         self.started = time.time()
+        self.phase, self.step = "startup", 0
+        _started = self
         self.beat("startup", 0)
         self._guardian = subprocess.Popen(
             [
@@ -90,10 +98,11 @@ class Heartbeat:
         return self
 
     def beat(self, phase: str, step: int) -> None:
+        self.phase, self.step = phase, step
         record = {"rank": self.rank, "phase": phase, "step": step, "time": time.time(),
                   "host": socket.gethostname(), "pid": os.getpid()}  # fmt: skip
         path = self.directory / f"rank{self.rank}.json"
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp = path.with_suffix(f".tmp{os.getpid()}-{threading.get_ident()}")  # keep_alive beats from a thread
         tmp.write_text(json.dumps(record), encoding="utf-8")
         os.replace(tmp, path)
 
@@ -102,6 +111,30 @@ class Heartbeat:
         look (it ignores SIGTERM, see `guard`)."""
         self.beat("done", -1)
 
+    @contextmanager
+    def keep_alive(self, phase: str, limit_s: float = KEEP_ALIVE_LIMIT_S) -> Iterator[None]:
+        """Beat `phase` from a thread while this rank does something long that is known to be alive (an op build
+        that compiles, or waits on a build another live process holds), for at most `limit_s`; then the phase
+        the rank was in before. WHY: a first op build takes minutes on a few cores, longer than a short
+        --stall-timeout's start-up allowance, yet it is progress; a dead lock never gets here (ops clears it)."""
+        before = (self.phase, self.step)
+        done = threading.Event()
+
+        def beat_until_done() -> None:
+            deadline = time.monotonic() + limit_s
+            while not done.wait(min(10.0, max(self.stall_timeout / 4, 0.5))) and time.monotonic() < deadline:
+                self.beat(phase, before[1])
+
+        self.beat(phase, before[1])
+        thread = threading.Thread(target=beat_until_done, name="zero-kit-keep-alive", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+            self.beat(*before)
+
     def _watch(self) -> None:
         while True:
             report = read_marker(self.directory, self.started)
@@ -109,6 +142,16 @@ class Heartbeat:
                 print(f"zero-kit: rank {self.rank} stops: {report}", file=sys.stderr, flush=True)
                 os._exit(EXIT_STALLED)
             time.sleep(POLL_S)
+
+
+@contextmanager
+def keep_alive(phase: str) -> Iterator[None]:
+    """`Heartbeat.keep_alive` of this process's heartbeat, if it started one (nothing to do otherwise)."""
+    if _started is None:
+        yield
+        return
+    with _started.keep_alive(phase):
+        yield
 
 
 def read_marker(directory: Path, since: float) -> str | None:

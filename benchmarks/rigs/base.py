@@ -8,7 +8,6 @@ Rig errors are `RigError` values whose message names the fix; the CLI prints the
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import signal
@@ -43,17 +42,13 @@ ETC_NETNS = Path("/etc/netns")
 def private_extensions_dir() -> Path:
     """DeepSpeed JIT-builds its CPU ops into TORCH_EXTENSIONS_DIR (~/.cache/torch_extensions by default). Shared
     with other environments (other torch/DeepSpeed versions, or another venv), the builds overwrite each other and
-    every run rebuilds (60-240 s on 2 cores). One directory per version pair and venv keeps them cached; the tests
+    every run rebuilds (60-240 s on 2 cores). zero_kit's own choice (zero_kit.launch.ops.extensions_dir: one
+    directory per version pair and venv, the one `zero-kit train` and `bench` use) keeps them cached; the tests
     (tests/conftest.py) and every rank on every rig use it (pdsh ranks through .deepspeed_env, Slurm jobs from
     the submitter's environment). An explicit TORCH_EXTENSIONS_DIR wins."""
-    from importlib.metadata import version
+    from zero_kit.launch.ops import extensions_dir
 
-    if os.environ.get("TORCH_EXTENSIONS_DIR"):
-        return Path(os.environ["TORCH_EXTENSIONS_DIR"])
-    # The venv too: builds record its include paths, so two venvs with the same versions rebuild each other's.
-    venv = hashlib.sha1(sys.prefix.encode()).hexdigest()[:8]
-    key = f"torch{version('torch')}-deepspeed{version('deepspeed')}-{venv}"
-    return Path.home() / ".cache" / "zero_kit" / "torch_extensions" / key
+    return extensions_dir()
 
 
 T = TypeVar("T")

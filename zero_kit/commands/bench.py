@@ -43,6 +43,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.report:
         return _report(args.report)
+    from zero_kit.launch.ops import use_extensions_dir
+
+    use_extensions_dir()  # before any rank starts: they inherit it (hostfile ranks through the env file)
     opts = dataclass_from_args(BenchOptions, args)
     if opts.nproc < 1 or opts.steps <= opts.warmup:
         raise UserError(

@@ -24,7 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from zero_kit.launch.ops import use_extensions_dir
     from zero_kit.train.job import run_train
     from zero_kit.train.options import TrainOptions
 
+    use_extensions_dir()  # before any rank starts: they inherit it (hostfile ranks through the env file)
     return run_train(dataclass_from_args(TrainOptions, args))

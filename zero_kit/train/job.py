@@ -161,6 +161,9 @@ def _init_deepspeed_comm(run: ResolvedRun) -> None:
 
     import deepspeed
 
+    from zero_kit.launch.ops import guard_op_builds
+
+    guard_op_builds()  # before the shm op's load here and the optimizer's later: no dead lock waited on
     timeout = timedelta(seconds=run.options.collective_timeout)
     deepspeed.init_distributed(dist_backend=run.machine.backend, timeout=timeout)
 

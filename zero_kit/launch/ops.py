@@ -1,0 +1,210 @@
+"""DeepSpeed's JIT-built ops (cpu_adam, the shm all-reduce, fused Adam on CPU): where they build, builds that
+never hang on a dead lock, and builds ahead of time (`zero-kit ops build`).
+
+- One build directory per environment and torch/DeepSpeed pair (`extensions_dir`), unless the user set
+  TORCH_EXTENSIONS_DIR: the default ~/.cache/torch_extensions is shared by every venv and version on the machine,
+  and each rebuilds the others' ops (60-240 s on 2 cores) on every start.
+- torch builds under a `lock` file (torch.utils.file_baton.FileBaton: created with O_EXCL, no owner inside, held
+  open while the build runs); a process killed mid-build leaves it and every later load waits on it forever. So
+  each build here first takes an flock on an owner record beside it (the kernel drops an flock when its holder
+  dies: a zero_kit build that holds it is alive, on any host whose filesystem supports flock), then looks at
+  torch's lock: held open by a live process of this user on this host, it is waited for with a line saying so;
+  otherwise nobody can be building (zero_kit's builders hold the flock, which is now ours) and it is removed.
+  Half-built objects need no cleaning: ninja rebuilds every output its log does not record as finished.
+- A first build says so and how long it takes; the stall watchdog is kept informed while a build is alive.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ENV = "TORCH_EXTENSIONS_DIR"
+LOCK = "lock"  # torch's FileBaton in each op's build directory
+OWNER = "zero_kit.owner"  # ours beside it: flocked by the build, pid/host/start inside
+STALE_RECHECK_S = 1.0
+"""A lock seen without a holder is looked at again after this long before it is removed: torch's FileBaton closes
+its file before it removes it, and a lock in that instant is being released, not abandoned."""
+CPU_OPS = ("ShareMemCommBuilder", "CPUAdamBuilder", "FusedAdamBuilder")
+"""What CPU runs load: the shm all-reduce (init_distributed), fused Adam (ZeRO without offload), CPU Adam."""
+GPU_OPS = ("CPUAdamBuilder", "FusedAdamBuilder")
+"""What GPU runs JIT-build: fused Adam, and CPU Adam for optimizer offload (the shm op is CPU-only)."""
+
+
+def extensions_dir(environ: dict[str, str] | None = None) -> Path:
+    """TORCH_EXTENSIONS_DIR when set; else ~/.cache/zero_kit/torch_extensions/torch<v>-deepspeed<v>-<venv hash>.
+    The venv's hash (sys.prefix: it also pins the Python) because builds record include paths, so two venvs with the
+    same versions would still rebuild each other's."""
+    from importlib.metadata import version
+
+    environ = os.environ if environ is None else environ
+    if environ.get(ENV):
+        return Path(environ[ENV])
+    venv = hashlib.sha1(sys.prefix.encode()).hexdigest()[:8]
+    key = f"torch{version('torch')}-deepspeed{version('deepspeed')}-{venv}"
+    return Path.home() / ".cache" / "zero_kit" / "torch_extensions" / key
+
+
+def use_extensions_dir() -> Path:
+    """Set TORCH_EXTENSIONS_DIR for this process and every rank it starts (hostfile ranks get it through the env
+    file: launch.hostfile forwards TORCH_*), unless the user chose one."""
+    path = extensions_dir()
+    os.environ.setdefault(ENV, str(path))
+    return path
+
+
+def _say(line: str) -> None:
+    print(f"zero-kit: {line}", file=sys.stderr, flush=True)
+
+
+def _clock(epoch: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(epoch))
+
+
+def lock_holders(lock: Path) -> list[int]:
+    """PIDs of this user's processes on this host that hold `lock` open (torch's builder keeps it open while it
+    builds). Other users' processes are not looked at: they cannot build in this user's directories."""
+    holders = []
+    uid, target = os.getuid(), os.path.realpath(lock)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            if any(os.readlink(fd) == target for fd in (entry / "fd").iterdir()):
+                holders.append(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return holders
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_ctime_ns
+
+
+def clear_stale_lock(build_dir: Path, recheck_s: float = STALE_RECHECK_S) -> str:
+    """With our flock held: 'free' (no lock), 'cleared' (a dead builder's lock removed, said in one line) or
+    'live' (a live process on this host builds: torch waits on it; said in one line)."""
+    lock = build_dir / LOCK
+    first = _identity(lock)
+    if first is None:
+        return "free"
+    holders = lock_holders(lock)
+    if holders:
+        _say(f"waiting for {build_dir.name}'s build by pid {holders[0]} (lock {lock} since {_clock(first[1] / 1e9)})")
+        return "live"
+    time.sleep(recheck_s)
+    if _identity(lock) != first or lock_holders(lock):  # released (or re-taken) meanwhile: torch handles it
+        return "free" if _identity(lock) is None else "live"
+    lock.unlink(missing_ok=True)
+    _say(f"removed a stale build lock {lock} (from {_clock(first[1] / 1e9)}; its builder is gone)")
+    return "cleared"
+
+
+def read_owner(build_dir: Path) -> dict | None:
+    try:
+        return json.loads((build_dir / OWNER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none, or being written
+        return None
+
+
+@contextmanager
+def build_slot(build_dir: Path) -> Iterator[None]:
+    """Hold the op's build: wait (saying on whom and since when) while another live zero_kit process builds it,
+    then record ourselves as its builder and clear a dead builder's lock."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(build_dir / OWNER, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = read_owner(build_dir) or {}
+            since = f"since {_clock(owner['started'])}" if "started" in owner else "since an unknown time"
+            who = f"pid {owner.get('pid', '?')} on {owner.get('host', '?')}"
+            _say(f"waiting for {build_dir.name}'s build by {who} ({since}) in {build_dir}")
+            fcntl.flock(fd, fcntl.LOCK_EX)  # a dead holder's flock is gone: this wait ends with a live build
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+        clear_stale_lock(build_dir)
+        yield
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def is_built(build_dir: Path, name: str) -> bool:
+    return any(build_dir.glob(f"{name}*.so"))
+
+
+def announce(name: str, build_dir: Path) -> None:
+    cores = len(os.sched_getaffinity(0))
+    _say(
+        f"building DeepSpeed's {name} op for this environment (first run only, ~1-4 min on {cores} cores)"
+        f" into {build_dir}"
+    )
+
+
+def op_build_dir(name: str) -> Path:
+    from torch.utils.cpp_extension import _get_build_directory  # torch's own rule (TORCH_EXTENSIONS_DIR or default)
+
+    return Path(_get_build_directory(name, verbose=False))
+
+
+def guarded(jit_load: Callable) -> Callable:
+    """DeepSpeed's OpBuilder.jit_load, inside our build slot, announced when first, beating the watchdog."""
+    from zero_kit.watchdog import keep_alive
+
+    def jit_load_guarded(builder, verbose: bool = True):
+        build_dir = op_build_dir(builder.name)
+        with keep_alive("build"), build_slot(build_dir):
+            if not is_built(build_dir, builder.name):
+                announce(builder.name, build_dir)
+            return jit_load(builder, verbose)
+
+    jit_load_guarded.zero_kit_guard = True
+    return jit_load_guarded
+
+
+def guard_op_builds() -> None:
+    """Route DeepSpeed's JIT op loads through `guarded` (once per process), before anything loads an op:
+    deepspeed.init_distributed loads the shm op on CPU, the optimizer cpu_adam or fused Adam."""
+    from deepspeed.ops.op_builder.builder import OpBuilder
+
+    if not getattr(OpBuilder.jit_load, "zero_kit_guard", False):
+        OpBuilder.jit_load = guarded(OpBuilder.jit_load)
+
+
+def default_ops() -> tuple[str, ...]:
+    import torch
+
+    return GPU_OPS if torch.cuda.is_available() else CPU_OPS
+
+
+def build_ops(names: tuple[str, ...]) -> list[tuple[str, float]]:
+    """Load (building when needed) each named DeepSpeed op builder for this machine's accelerator; returns (op,
+    seconds) per op. Raises ValueError naming an op this DeepSpeed or accelerator does not have."""
+    from deepspeed.accelerator import get_accelerator
+
+    guard_op_builds()
+    done = []
+    for name in names:
+        builder = get_accelerator().create_op_builder(name)
+        if builder is None:
+            raise ValueError(name)
+        start = time.monotonic()
+        builder.load(verbose=False)
+        done.append((builder.name, time.monotonic() - start))
+    return done
