@@ -193,17 +193,29 @@ def default_ops() -> tuple[str, ...]:
     return GPU_OPS if torch.cuda.is_available() else CPU_OPS
 
 
-def build_ops(names: tuple[str, ...]) -> list[tuple[str, float]]:
-    """Load (building when needed) each named DeepSpeed op builder for this machine's accelerator; returns (op,
-    seconds) per op. Raises ValueError naming an op this DeepSpeed or accelerator does not have."""
+def op_builders(names: tuple[str, ...]) -> list:
+    """The named DeepSpeed op builders for this machine's accelerator, or a UserError naming the first unknown."""
     from deepspeed.accelerator import get_accelerator
 
-    guard_op_builds()
-    done = []
+    from zero_kit.errors import UserError
+
+    builders = []
     for name in names:
         builder = get_accelerator().create_op_builder(name)
-        if builder is None:
-            raise ValueError(name)
+        if builder is None or type(builder).__name__ == "NotImplementedBuilder":
+            raise UserError(
+                f"--op {name}: DeepSpeed has no such op builder for this machine's accelerator",
+                f"name a builder class, e.g. {', '.join(default_ops())}",
+            )
+        builders.append(builder)
+    return builders
+
+
+def build_ops(names: tuple[str, ...]) -> list[tuple[str, float]]:
+    """Load (building when needed) each named DeepSpeed op builder, guarded; returns (op, seconds) per op."""
+    guard_op_builds()
+    done = []
+    for builder in op_builders(names):
         start = time.monotonic()
         builder.load(verbose=False)
         done.append((builder.name, time.monotonic() - start))
