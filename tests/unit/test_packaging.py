@@ -146,6 +146,7 @@ FROZEN = {
     "export": {"--out"},
     "bench": {"--strategies", "--nproc", "--model", "--steps", "--precision", "--out"},
     "launch": {"--hostfile", "--slurm"},
+    "ops": {"--op"},
 }
 
 
