@@ -79,8 +79,9 @@ def test_no_lock_is_free(tmp_path):
     assert ops.clear_stale_lock(tmp_path, recheck_s=0) == "free"
 
 
-def test_a_slot_held_by_a_live_build_is_waited_for_saying_by_whom_and_since_when(tmp_path, capsys):
+def test_a_slot_held_by_a_live_build_is_waited_for_saying_by_whom_and_since_when(tmp_path, monkeypatch, capsys):
     holder = _start(HOLD_SLOT, str(tmp_path / ops.OWNER), "2")
+    monkeypatch.setattr(ops, "QUIET_WAIT_S", 0.2)
     start = time.monotonic()
     with ops.build_slot(tmp_path):
         waited = time.monotonic() - start
@@ -132,6 +133,15 @@ def test_guard_is_installed_once():
         assert OpBuilder.jit_load is guarded and guarded.zero_kit_guard
     finally:
         OpBuilder.jit_load = original
+
+
+def test_a_short_wait_for_the_slot_is_not_announced(tmp_path, capsys):
+    """Ranks loading an op that is built take the slot one after another for a second each: no line for that."""
+    holder = _start(HOLD_SLOT, str(tmp_path / ops.OWNER), "0.5")
+    with ops.build_slot(tmp_path):
+        pass
+    holder.wait()
+    assert "waiting" not in capsys.readouterr().err
 
 
 def _phase(directory: Path) -> str:

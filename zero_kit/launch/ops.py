@@ -33,6 +33,9 @@ OWNER = "zero_kit.owner"  # ours beside it: flocked by the build, pid/host/start
 STALE_RECHECK_S = 1.0
 """A lock seen without a holder is looked at again after this long before it is removed: torch's FileBaton closes
 its file before it removes it, and a lock in that instant is being released, not abandoned."""
+QUIET_WAIT_S = 3.0
+"""How long a build slot is waited for before saying so: every rank takes it briefly on every start, even when the
+op is built and the load takes a second; only a wait for a real build is news."""
 CPU_OPS = ("ShareMemCommBuilder", "CPUAdamBuilder", "FusedAdamBuilder")
 """What CPU runs load: the shm all-reduce (init_distributed), fused Adam (ZeRO without offload), CPU Adam."""
 GPU_OPS = ("CPUAdamBuilder", "FusedAdamBuilder")
@@ -128,9 +131,7 @@ def build_slot(build_dir: Path) -> Iterator[None]:
     build_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(build_dir / OWNER, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _flock_within(fd, QUIET_WAIT_S):
             owner = read_owner(build_dir) or {}
             since = f"since {_clock(owner['started'])}" if "started" in owner else "since an unknown time"
             who = f"pid {owner.get('pid', '?')} on {owner.get('host', '?')}"
@@ -143,6 +144,18 @@ def build_slot(build_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # drops the flock
+
+
+def _flock_within(fd: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
 
 
 def is_built(build_dir: Path, name: str) -> bool:
