@@ -75,6 +75,19 @@ def test_a_live_builders_lock_is_waited_for_and_kept(tmp_path, capsys):
         holder.wait()
 
 
+def test_without_flock_a_lock_without_local_holder_is_named_not_removed(tmp_path, monkeypatch, capsys):
+    """A filesystem without flock hides other hosts' zero_kit builds: the lock stays, the line says how to end it."""
+
+    def no_flock(fd, operation):
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(ops.fcntl, "flock", no_flock)
+    (tmp_path / "lock").touch()
+    with ops.build_slot(tmp_path):
+        assert (tmp_path / "lock").exists()
+    assert "delete the file if none runs" in capsys.readouterr().err
+
+
 def test_no_lock_is_free(tmp_path):
     assert ops.clear_stale_lock(tmp_path, recheck_s=0) == "free"
 

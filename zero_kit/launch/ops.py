@@ -98,9 +98,10 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return stat.st_ino, stat.st_ctime_ns
 
 
-def clear_stale_lock(build_dir: Path, recheck_s: float = STALE_RECHECK_S) -> str:
+def clear_stale_lock(build_dir: Path, recheck_s: float = STALE_RECHECK_S, others_visible: bool = True) -> str:
     """With our flock held: 'free' (no lock), 'cleared' (a dead builder's lock removed, said in one line) or
-    'live' (a live process on this host builds: torch waits on it; said in one line)."""
+    'live' (a live process on this host builds: torch waits on it; said in one line). `others_visible` False (a
+    filesystem without flock, where another host's zero_kit build cannot be seen): never removed, only named."""
     lock = build_dir / LOCK
     first = _identity(lock)
     if first is None:
@@ -112,6 +113,12 @@ def clear_stale_lock(build_dir: Path, recheck_s: float = STALE_RECHECK_S) -> str
     time.sleep(recheck_s)
     if _identity(lock) != first or lock_holders(lock):  # released (or re-taken) meanwhile: torch handles it
         return "free" if _identity(lock) is None else "live"
+    if not others_visible:
+        _say(
+            f"waiting on {lock} (from {_clock(first[1] / 1e9)}): no process on this host builds; this filesystem"
+            " has no flock, so a build on another host cannot be ruled out: delete the file if none runs"
+        )
+        return "live"
     lock.unlink(missing_ok=True)
     _say(f"removed a stale build lock {lock} (from {_clock(first[1] / 1e9)}; its builder is gone)")
     return "cleared"
@@ -131,19 +138,32 @@ def build_slot(build_dir: Path) -> Iterator[None]:
     build_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(build_dir / OWNER, os.O_RDWR | os.O_CREAT, 0o644)
     try:
+        if _take_slot(fd, build_dir):
+            record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(record).encode(), 0)
+            clear_stale_lock(build_dir)
+        else:
+            clear_stale_lock(build_dir, others_visible=False)
+        yield
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def _take_slot(fd: int, build_dir: Path) -> bool:
+    """The slot's flock, waited for while a live build holds it; False on a filesystem without flock."""
+    try:
         if not _flock_within(fd, QUIET_WAIT_S):
             owner = read_owner(build_dir) or {}
             since = f"since {_clock(owner['started'])}" if "started" in owner else "since an unknown time"
             who = f"pid {owner.get('pid', '?')} on {owner.get('host', '?')}"
             _say(f"waiting for {build_dir.name}'s build by {who} ({since}) in {build_dir}")
             fcntl.flock(fd, fcntl.LOCK_EX)  # a dead holder's flock is gone: this wait ends with a live build
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode(), 0)
-        clear_stale_lock(build_dir)
-        yield
-    finally:
-        os.close(fd)  # drops the flock
+    except OSError as err:  # ENOLCK, EOPNOTSUPP: some network filesystems mounted without locks
+        if isinstance(err, BlockingIOError):
+            raise
+        return False
+    return True
 
 
 def _flock_within(fd: int, seconds: float) -> bool:
