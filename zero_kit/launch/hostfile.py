@@ -9,10 +9,13 @@ import sys
 from pathlib import Path
 
 from zero_kit.errors import UserError
+from zero_kit.launch.secrets import write_private
 
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.\-_]*$")
 # Ranks started over pdsh/ssh get only what the deepspeed launcher exports (PYTHON* and the lines of
 # .deepspeed_env, see write_rank_env); these are the variables a run may need there too.
+# Secrets among them (HF_TOKEN) are why the file is private (secrets.write_private); other secrets (WANDB_API_KEY,
+# AWS_*) are not sent: a user who needs one remotely lists it in ./.deepspeed_env.
 RANK_ENV_PREFIXES = ("ZERO_KIT_", "TORCH_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "NCCL_", "GLOO_", "OMP_")
 ENV_FILE = ".deepspeed_env"
 
@@ -83,6 +86,5 @@ def rank_env_text(environ: dict[str, str], user_file: Path = Path(ENV_FILE)) -> 
 
 
 def write_rank_env(path: Path, environ: dict[str, str], user_file: Path = Path(ENV_FILE)) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(rank_env_text(environ, user_file), encoding="utf-8")
-    return path
+    """The ranks' environment file at `path`, mode 0600 from its first byte: it may hold secrets (HF_TOKEN)."""
+    return write_private(path, rank_env_text(environ, user_file))

@@ -22,6 +22,7 @@ from typing import Literal
 
 from zero_kit.launch.argv import deepspeed_command, torchrun_command
 from zero_kit.launch.hostfile import ENV_FILE, hostfile_text, rank_env, rank_env_text, read_hostfile
+from zero_kit.launch.secrets import write_private
 from zero_kit.launch.slurm import slurm_nodes, srun_command
 
 Mode = Literal["local", "hostfile", "slurm", "per_node"]
@@ -104,9 +105,10 @@ class Launch:
     """Files written before the start (a hostfile, the ranks' environment file)."""
 
     def write_files(self) -> None:
+        """Each file 0600 from its first byte: the ranks' environment file may hold secrets (HF_TOKEN), and every
+        file here is read by this user's own launcher and ranks alone."""
         for path, text in self.files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
+            write_private(path, text)
 
 
 def launch_commands(module: str, args: list[str], where: Placement, launcher: Launcher, *, port: int,

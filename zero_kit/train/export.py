@@ -62,16 +62,24 @@ def _rss_anon_mib() -> float:
 
 
 def export_checkpoint(
-    checkpoint_dir: Path, out_dir: Path, *, merge: bool = False, dtype: str = "fp32", max_shard_mib: int = 1024
+    checkpoint_dir: Path,
+    out_dir: Path,
+    *,
+    merge: bool = False,
+    dtype: str = "fp32",
+    max_shard_mib: int = 1024,
+    trust_remote_code: bool = False,
 ) -> Path:
-    """Write `out_dir` from a complete `checkpoint-N` written by `zero-kit train`; returns `out_dir`."""
+    """Write `out_dir` from a complete `checkpoint-N` written by `zero-kit train`; returns `out_dir`. The run's
+    --model is loaded as data: code of its directory (auto_map) runs only with trust_remote_code, whatever the
+    run's own record says (a record in a checkpoint is no one's consent)."""
     checkpoint_dir = Path(checkpoint_dir)
     info = _run_info(checkpoint_dir)
     options = info["options"]
     lazy = _lazy_state_dict(checkpoint_dir)
     from zero_kit import model as zk_model
 
-    config = zk_model.build_config(options.get("model"))
+    config = zk_model.build_config(options.get("model"), trust_remote_code=trust_remote_code)
     out_dir.mkdir(parents=True, exist_ok=True)
     if options.get("lora_r") is None:
         _write_model(_full_tensors(lazy), config, out_dir, dtype, max_shard_mib)
@@ -80,7 +88,7 @@ def export_checkpoint(
         _write_model(merged, config, out_dir, dtype, max_shard_mib)
     else:
         _write_adapter(lazy, options, config, out_dir, dtype, max_shard_mib)
-    zk_model.load_tokenizer(options.get("model")).save_pretrained(out_dir)
+    zk_model.load_tokenizer(options.get("model"), trust_remote_code=trust_remote_code).save_pretrained(out_dir)
     return out_dir
 
 

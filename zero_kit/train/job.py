@@ -195,8 +195,9 @@ def _build_model(opts: TrainOptions):
 
     from zero_kit import model as zk_model
 
-    tokenizer = zk_model.load_tokenizer(opts.model)
-    model = zk_model.load_model(opts.model, dtype=torch.float32, seed=opts.seed)
+    trust = opts.trust_remote_code
+    tokenizer = zk_model.load_tokenizer(opts.model, trust_remote_code=trust)
+    model = zk_model.load_model(opts.model, dtype=torch.float32, seed=opts.seed, trust_remote_code=trust)
     held = _gather_held_elements(model)
     if opts.activation_checkpointing:
         model.config.use_cache = False
@@ -339,5 +340,5 @@ def _export_final(run: ResolvedRun) -> None:
         ckpt = checkpoint.newest_complete(output)
         if ckpt is None:
             raise UserError(f"no complete checkpoint in {output} to export", "run with --save-steps or check the log")
-        result = export_checkpoint(ckpt, output / FINAL_DIR)
+        result = export_checkpoint(ckpt, output / FINAL_DIR, trust_remote_code=run.options.trust_remote_code)
         print(f"zero-kit train: exported {ckpt.name} to {result}", flush=True)
