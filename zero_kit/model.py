@@ -80,6 +80,37 @@ def _refuse_remote_code(path: Path) -> None:
         )
 
 
+def foreign_files(directory: Path) -> list[Path]:
+    """`directory` and the files in it (one level down, and global_step*/) that another user owns. A checkpoint
+    holds pickles that DeepSpeed and the Trainer load with weights_only=False (optimizer shards, rng_state,
+    training_args.bin): whoever could write them could run code as the user who resumes from them."""
+    import os
+
+    uid = os.getuid()
+    candidates = [directory, *directory.glob("*"), *directory.glob("global_step*/*")]
+    return [path for path in candidates if _owner(path) not in (uid, None)]
+
+
+def _owner(path: Path) -> int | None:
+    try:
+        return path.lstat().st_uid
+    except OSError:
+        return None
+
+
+def foreign_warning(directory: Path, flag: str) -> str | None:
+    """A warning line when another user owns `directory` or files in it (see foreign_files), else None."""
+    foreign = foreign_files(directory)
+    if not foreign:
+        return None
+    shown = ", ".join(str(p) for p in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+    return (
+        f"warning: {flag} {directory}: owned by another user ({shown}); DeepSpeed and the Trainer load its "
+        "pickles, which can run code as you: resume only from checkpoints whose writers you trust, or copy it "
+        "after checking where it came from"
+    )
+
+
 def load_tokenizer(model_dir: str | None = None, *, trust_remote_code: bool = False):
     """The tokenizer of model_dir (or the embedded one when None), with a pad token guaranteed. Code of the
     directory (auto_map) is refused unless trust_remote_code."""

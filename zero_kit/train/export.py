@@ -1,13 +1,14 @@
 """ZeRO checkpoint -> plain Hugging Face directory (safetensors + config + tokenizer), or a peft LoRA adapter.
 
 Streams: DeepSpeed's `get_fp32_state_dict_from_zero_checkpoint(lazy_mode=True)` maps the optimizer shards
-(torch.load mmap) and hands back lazy tensors; we materialize one output shard at a time, write it, and
+(torch.load mmap, made weights_only here: a checkpoint is data, never code) and hands back lazy tensors; we materialize one output shard at a time, write it, and
 drop it, so host memory stays near the largest shard rather than the whole model. Every tensor's shape is
 checked against the model config (a ZeRO-3 export must never write an empty or mis-shaped tensor).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 from collections.abc import Iterator
@@ -118,19 +119,71 @@ def _run_info(checkpoint_dir: Path) -> dict:
 
 
 def _lazy_state_dict(checkpoint_dir: Path) -> dict:
-    import contextlib
     import io
 
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    import deepspeed.utils.zero_to_fp32 as zero_to_fp32
 
     # zero_to_fp32 prints progress to stdout; keep the command's own output readable.
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), lazy_mode=True)
+        with contextlib.redirect_stdout(io.StringIO()), _weights_only_loads(zero_to_fp32):
+            return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), lazy_mode=True)
     except (ValueError, FileNotFoundError) as err:  # no `latest`, missing rank shards, not a ZeRO checkpoint
         raise UserError(
             f"{checkpoint_dir}: cannot read the ZeRO shards ({err})", "export a checkpoint-N of ZeRO stage 1-3"
         ) from err
+    except _unpickling_error() as err:
+        raise UserError(
+            f"{checkpoint_dir}: a ZeRO shard holds an object that is not plain data ({str(err).splitlines()[0]}); "
+            "export reads shards with torch.load(weights_only=True) and never runs code a checkpoint carries",
+            "export a checkpoint written by zero-kit train with this DeepSpeed version",
+        ) from None
+
+
+# The classes DeepSpeed itself pickles into ZeRO checkpoints (loss scaler, fragment addresses, the stage enum):
+# plain records, allowed by name; any other global in a shard is refused instead of being imported and called.
+SAFE_DEEPSPEED_GLOBALS = (
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+)
+
+
+def _unpickling_error() -> type[Exception]:
+    import pickle
+
+    return pickle.UnpicklingError
+
+
+@contextlib.contextmanager
+def _weights_only_loads(module) -> Iterator[None]:
+    """Inside: `module`'s torch.load (zero_to_fp32 asks for weights_only=False) reads with weights_only=True and
+    DeepSpeed's own record classes allowed, so a planted pickle in a checkpoint cannot run code."""
+    import importlib
+
+    import torch
+
+    allowed = []
+    for dotted in SAFE_DEEPSPEED_GLOBALS:
+        owner, _, name = dotted.rpartition(".")
+        with contextlib.suppress(ImportError, AttributeError):  # a DeepSpeed without one of them never wrote it
+            allowed.append(getattr(importlib.import_module(owner), name))
+
+    class _Torch:
+        def __getattr__(self, attr):
+            return getattr(torch, attr)
+
+        @staticmethod
+        def load(*args, **kwargs):
+            with torch.serialization.safe_globals(allowed):
+                return torch.load(*args, **{**kwargs, "weights_only": True})
+
+    original = module.torch
+    module.torch = _Torch()
+    try:
+        yield
+    finally:
+        module.torch = original
 
 
 def _materialize(lazy_tensor):

@@ -182,10 +182,20 @@ def _resolve_resume(run: ResolvedRun) -> Path | None:
                 f"--resume {found}: not a complete zero-kit checkpoint (no {checkpoint.MANIFEST} or files missing)",
                 "give a checkpoint-N directory written by zero-kit train, or use --resume auto",
             )
+    if found is not None and rank0:
+        _warn_if_foreign(found)
     if resume != "never" and rank0:
         checkpoint.remove_incomplete(output)
     barrier()
     return found
+
+
+def _warn_if_foreign(checkpoint_dir: Path) -> None:
+    from zero_kit.model import foreign_warning
+
+    warning = foreign_warning(checkpoint_dir, "--resume")
+    if warning:
+        print(f"zero-kit train: {warning}", file=sys.stderr, flush=True)
 
 
 def _build_model(opts: TrainOptions):
