@@ -70,6 +70,13 @@ def remote_code_files(path: Path) -> list[str]:
     return found
 
 
+def check_trusted(model_dir: str | None, trust_remote_code: bool) -> None:
+    """Refuse a --model directory that names code of its own (auto_map) unless trust_remote_code: JSON reads only,
+    so a command can say it before any launcher, import or rank (a missing directory is left to the loaders)."""
+    if model_dir is not None and not trust_remote_code and Path(model_dir).is_dir():
+        _refuse_remote_code(Path(model_dir))
+
+
 def _refuse_remote_code(path: Path) -> None:
     found = remote_code_files(path)
     if found:

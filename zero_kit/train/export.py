@@ -77,8 +77,10 @@ def export_checkpoint(
     checkpoint_dir = Path(checkpoint_dir)
     info = _run_info(checkpoint_dir)
     options = info["options"]
-    lazy = _lazy_state_dict(checkpoint_dir)
     from zero_kit import model as zk_model
+
+    zk_model.check_trusted(options.get("model"), trust_remote_code)  # before any shard is read
+    lazy = _lazy_state_dict(checkpoint_dir)
 
     config = zk_model.build_config(options.get("model"), trust_remote_code=trust_remote_code)
     out_dir.mkdir(parents=True, exist_ok=True)
