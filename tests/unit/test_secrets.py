@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,23 +97,55 @@ def test_private_file_never_follows_a_planted_link(tmp_path):
     assert not target.exists()
 
 
-def test_ranks_env_file_carries_the_token_privately_where_deepspeed_reads_it(tmp_path, umask_zero):
+def _hostfile_launch(tmp_path: Path, launcher: Launcher, environ: dict[str, str]):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node1 slots=1\nnode2 slots=1\n")
-    runner = Launcher("deepspeed", program=("py", "-m", "deepspeed.launcher.runner"), no_local_rank=True)
+    return launch_commands("zero_kit.cli", ["train"], from_hostfile(str(hostfile)), launcher, port=29500,
+                           run_dir=tmp_path / "out", environ=environ)  # fmt: skip
+
+
+def _shell_sees(script: str, name: str) -> str:
+    done = subprocess.run(["sh", "-c", f'{script} printf %s "${name}"'], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_remote_ranks_get_the_token_from_a_private_file_never_from_a_command_line(tmp_path, umask_zero):
+    """The env file names HF_TOKEN's file; DeepSpeed's own pdsh runner, fed that file as runner.py reads it, builds
+    a pdsh command without the value, and the remote shell (sh here) reads the value back."""
+    from deepspeed.launcher.multinode_runner import PDSHRunner
+    from deepspeed.launcher.runner import parse_args
+
     environ = {**PLANTED, "HF_HOME": "/data/hf", "PATH": "/usr/bin"}
-    launch = launch_commands("zero_kit.cli", ["train"], from_hostfile(str(hostfile)), runner, port=29500,
-                             run_dir=tmp_path / "out", environ=environ)  # fmt: skip
+    runner = Launcher("deepspeed", program=("py", "-m", "deepspeed.launcher.runner"), no_local_rank=True)
+    launch = _hostfile_launch(tmp_path, runner, environ)
     launch.write_files()
     env_file = Path(launch.env["DS_ENV_FILE"])
-    # runner.py: os.path.join(home or ".", DS_ENV_FILE); an absolute name wins over both, so remote ranks get it.
+    # runner.py: os.path.join(home or ".", DS_ENV_FILE); an absolute name wins over both.
     assert env_file.is_absolute() and os.path.join(os.path.expanduser("~"), str(env_file)) == str(env_file)
-    assert f"HF_TOKEN={PLANTED['HF_TOKEN']}\n" in env_file.read_text()  # a gated model on a remote rank needs it
+    secret_file = env_file.parent / ".deepspeed_secrets" / "HF_TOKEN"
+    assert secret_file.read_text() == PLANTED["HF_TOKEN"] and PLANTED["HF_TOKEN"] not in env_file.read_text()
     assert "WANDB_API_KEY" not in env_file.read_text()  # not a rank variable: never sent
     assert all(_mode(path) == 0o600 for path in launch.files)
-    assert not any(value in word for value in PLANTED.values() for word in launch.argvs[0])
+    pdsh = PDSHRunner(parse_args(["--hostfile", "h", "x.py"]), "e30=")
+    for line in env_file.read_text().splitlines(keepends=True):  # as runner.py reads DS_ENV_FILE
+        pdsh.add_export(*line.split("=", maxsplit=1))
+    cmd, _, _ = pdsh.get_cmd({}, {"node1": [0], "node2": [0]})
+    exports = next(word for word in cmd if word.startswith("export "))
+    assert PLANTED["HF_TOKEN"] not in " ".join(cmd)
+    assert _shell_sees(exports, "HF_TOKEN") == PLANTED["HF_TOKEN"]
     direct = write_rank_env(tmp_path / "direct" / ".deepspeed_env", environ, user_file=tmp_path / "none")
-    assert _mode(direct) == 0o600
+    assert _mode(direct) == 0o600 and _mode(direct.parent / ".deepspeed_secrets" / "HF_TOKEN") == 0o600
+
+
+def test_ssh_torchrun_reads_the_token_on_the_remote_host(tmp_path, umask_zero):
+    torchrun = Launcher("torchrun")
+    launch = _hostfile_launch(tmp_path, torchrun, {**PLANTED, "PATH": "/usr/bin"})
+    launch.write_files()
+    remote = launch.argvs[1][-1]
+    assert not any(value in " ".join(argv) for value in PLANTED.values() for argv in launch.argvs)
+    before_torchrun = remote[: remote.index(sys.executable)]  # `cd DIR && env A=1 ... HF_TOKEN="$(cat FILE)" `
+    assert _shell_sees(f"{before_torchrun} sh -c 'printf %s \"$HF_TOKEN\"' #", "HF_TOKEN") == PLANTED["HF_TOKEN"]
 
 
 def _evil_model_dir(root: Path, marker: Path, where: str = "config.json") -> Path:
