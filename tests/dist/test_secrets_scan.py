@@ -1,8 +1,9 @@
 """Issue 25 part 1, end to end: secrets planted in the environment (HF_TOKEN, WANDB_API_KEY, a *_PASSWORD) reach no
 file that `zero-kit train --nproc 2` (with its export to final/), `zero-kit export` and `zero-kit bench` leave, nor
 their output, under umask 0 (so a file zero_kit forgot to make private would show up as world-readable too). The one
-file that must carry a secret, the ranks' .deepspeed_env of a --hostfile run (remote ranks need HF_TOKEN), is built
-by the same relaunch plan `zero-kit train --hostfile` uses and written by the same `write_files`: it is 0600. A real
+file that must carry a secret, OUTPUT/.deepspeed_secrets/HF_TOKEN of a --hostfile run (remote ranks need it; the
+.deepspeed_env line reads it there), is built by the same relaunch plan `zero-kit train --hostfile` uses and
+written by the same `write_files`: it is 0600, and so is the env file. A real
 pdsh run needs ssh between hosts, which the multinode tier has; its pdsh command line is DeepSpeed's (see
 docs/clusters.md, "Secrets and untrusted models")."""
 
@@ -59,11 +60,12 @@ def test_no_secret_in_what_train_export_and_bench_leave(tmp_path, umask_zero):
                     extra_env=PLANTED, timeout=400)  # fmt: skip
     assert any(bench.rglob("*.json*")), "the bench run left no record to scan"
     env_file = _hostfile_env_file(tmp_path)
-    leaks = _leaks(tmp_path, allowed={env_file})
+    secret_file = env_file.parent / ".deepspeed_secrets" / "HF_TOKEN"
+    leaks = _leaks(tmp_path, allowed={secret_file})
     leaks += _output_leaks("train", train) + _output_leaks("export", export) + _output_leaks("bench", bench_run)
     assert not leaks, "secret values written or printed:\n" + "\n".join(leaks)
-    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
-    assert f"HF_TOKEN={PLANTED['HF_TOKEN']}\n" in env_file.read_text()
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600 and stat.S_IMODE(secret_file.stat().st_mode) == 0o600
+    assert f"HF_TOKEN=$(cat {secret_file})\n" in env_file.read_text() and secret_file.read_text() == PLANTED["HF_TOKEN"]
 
 
 def _hostfile_env_file(tmp_path: Path) -> Path:
