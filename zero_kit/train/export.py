@@ -134,9 +134,13 @@ def _lazy_state_dict(checkpoint_dir: Path) -> dict:
             f"{checkpoint_dir}: cannot read the ZeRO shards ({err})", "export a checkpoint-N of ZeRO stage 1-3"
         ) from err
     except _unpickling_error() as err:
+        import re
+
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        what = f"({found.group(1)})" if found else f"({str(err).splitlines()[0]})"
         raise UserError(
-            f"{checkpoint_dir}: a ZeRO shard holds an object that is not plain data ({str(err).splitlines()[0]}); "
-            "export reads shards with torch.load(weights_only=True) and never runs code a checkpoint carries",
+            f"{checkpoint_dir}: a ZeRO shard holds an object that is not plain data {what}; export reads shards "
+            "with torch.load(weights_only=True) and never runs code a checkpoint carries",
             "export a checkpoint written by zero-kit train with this DeepSpeed version",
         ) from None
 
