@@ -29,6 +29,8 @@ TINY_DEFAULTS = dict(
 )
 LLAMA_STYLE_TYPES = ("llama", "mistral", "qwen2")
 ASSET_TOKENIZER = Path(__file__).resolve().parent / "assets" / "tokenizer"
+# The files whose `auto_map` makes transformers import Python files of the directory (trust_remote_code).
+REMOTE_CODE_CONFIGS = ("config.json", "tokenizer_config.json")
 # Everything transformers raises for a directory it cannot read (missing/corrupt files, bad JSON, unknown class).
 _LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, json.JSONDecodeError)
 
@@ -40,7 +42,7 @@ def tiny_llama_config(vocab_size: int = 2048, **overrides):
     return LlamaConfig(vocab_size=vocab_size, **{**TINY_DEFAULTS, **overrides})
 
 
-def _check_model_dir(model_dir: str, *, need_config: bool = True) -> Path:
+def _check_model_dir(model_dir: str, *, need_config: bool = True, trust_remote_code: bool = False) -> Path:
     path = Path(model_dir)
     if not path.is_dir():
         raise UserError(f"--model {model_dir}: no such directory", "pass a local Hugging Face model directory")
@@ -49,19 +51,87 @@ def _check_model_dir(model_dir: str, *, need_config: bool = True) -> Path:
             f"--model {model_dir}: no config.json, so not a Hugging Face model directory",
             "pass the directory written by save_pretrained (config.json, safetensors, tokenizer files)",
         )
+    if not trust_remote_code:
+        _refuse_remote_code(path)
     return path
 
 
-def load_tokenizer(model_dir: str | None = None):
-    """The tokenizer of model_dir (or the embedded one when None), with a pad token guaranteed."""
+def remote_code_files(path: Path) -> list[str]:
+    """The files of a model directory that ask for code of the directory to run (an `auto_map` entry: a custom
+    config, model or tokenizer class in a .py file beside it). Read as JSON only: nothing is imported."""
+    found = []
+    for name in REMOTE_CODE_CONFIGS:
+        try:
+            data = json.loads((path / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # missing or unreadable: transformers' own load says what is wrong with it
+        if isinstance(data, dict) and data.get("auto_map"):
+            found.append(name)
+    return found
+
+
+def check_trusted(model_dir: str | None, trust_remote_code: bool) -> None:
+    """Refuse a --model directory that names code of its own (auto_map) unless trust_remote_code: JSON reads only,
+    so a command can say it before any launcher, import or rank (a missing directory is left to the loaders)."""
+    if model_dir is not None and not trust_remote_code and Path(model_dir).is_dir():
+        _refuse_remote_code(Path(model_dir))
+
+
+def _refuse_remote_code(path: Path) -> None:
+    found = remote_code_files(path)
+    if found:
+        raise UserError(
+            f"--model {path}: {' and '.join(found)} name Python code of the directory (auto_map), which loading "
+            "it would run with your rights: anyone who could write the directory could run anything as you",
+            "use a model directory without auto_map, or pass --trust-remote-code if you trust whoever wrote it",
+        )
+
+
+def foreign_files(directory: Path) -> list[Path]:
+    """`directory` and the files in it (one level down, and global_step*/) that another user owns. A checkpoint
+    holds pickles that DeepSpeed and the Trainer load with weights_only=False (optimizer shards, rng_state,
+    training_args.bin): whoever could write them could run code as the user who resumes from them."""
+    import os
+
+    uid = os.getuid()
+    candidates = [directory, *directory.glob("*"), *directory.glob("global_step*/*")]
+    return [path for path in candidates if _owner(path) not in (uid, None)]
+
+
+def _owner(path: Path) -> int | None:
+    try:
+        return path.lstat().st_uid
+    except OSError:
+        return None
+
+
+def foreign_warning(directory: Path, flag: str) -> str | None:
+    """A warning line when another user owns `directory` or files in it (see foreign_files), else None."""
+    foreign = foreign_files(directory)
+    if not foreign:
+        return None
+    shown = ", ".join(str(p) for p in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+    return (
+        f"warning: {flag} {directory}: owned by another user ({shown}); DeepSpeed and the Trainer load its "
+        "pickles, which can run code as you: resume only from checkpoints whose writers you trust, or copy it "
+        "after checking where it came from"
+    )
+
+
+def load_tokenizer(model_dir: str | None = None, *, trust_remote_code: bool = False):
+    """The tokenizer of model_dir (or the embedded one when None), with a pad token guaranteed. Code of the
+    directory (auto_map) is refused unless trust_remote_code."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     if model_dir is None:
         tokenizer = _asset_tokenizer(PreTrainedTokenizerFast)
     else:
-        _check_model_dir(model_dir, need_config=False)  # a tokenizer-only directory is fine here
+        # a tokenizer-only directory is fine here
+        _check_model_dir(model_dir, need_config=False, trust_remote_code=trust_remote_code)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(
+                model_dir, local_files_only=True, trust_remote_code=trust_remote_code
+            )
         except _LOAD_ERRORS as err:
             raise UserError(
                 f"--model {model_dir}: cannot load a tokenizer ({type(err).__name__}: {err})",
@@ -98,8 +168,9 @@ def _asset_tokenizer(fast_cls):
     return tokenizer
 
 
-def build_config(model_dir: str | None = None, **overrides):
-    """The tiny LlamaConfig sized to the embedded tokenizer (None), or model_dir's config, checked LLaMA-style."""
+def build_config(model_dir: str | None = None, *, trust_remote_code: bool = False, **overrides):
+    """The tiny LlamaConfig sized to the embedded tokenizer (None), or model_dir's config, checked LLaMA-style.
+    Code of the directory (auto_map) is refused unless trust_remote_code."""
     if model_dir is None:
         tokenizer = load_tokenizer(None)
         ids = dict(
@@ -110,9 +181,9 @@ def build_config(model_dir: str | None = None, **overrides):
         return tiny_llama_config(vocab_size=len(tokenizer), **{**ids, **overrides})
     from transformers import AutoConfig
 
-    _check_model_dir(model_dir)
+    _check_model_dir(model_dir, trust_remote_code=trust_remote_code)
     try:
-        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code)
     except _LOAD_ERRORS as err:
         raise UserError(
             f"--model {model_dir}: cannot read config.json ({type(err).__name__}: {err})", "fix or re-save config.json"
@@ -138,15 +209,16 @@ def _seeded(seed: int):
         yield
 
 
-def load_model(model_dir: str | None = None, *, dtype=None, seed: int = 0):
+def load_model(model_dir: str | None = None, *, dtype=None, seed: int = 0, trust_remote_code: bool = False):
     """The causal LM: the tiny default from its config (fp32 unless dtype), or from_pretrained(model_dir).
 
-    For a directory, dtype None keeps the dtype the checkpoint was saved in.
+    For a directory, dtype None keeps the dtype the checkpoint was saved in. Code of the directory (auto_map) is
+    refused unless trust_remote_code; pickled weights (*.bin) are read by transformers with weights_only.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
-    config = build_config(model_dir)
+    config = build_config(model_dir, trust_remote_code=trust_remote_code)
     with _seeded(seed):
         if model_dir is None:
             # _init_default_weights sets every parameter, so transformers' own init is skipped: in 4.x it
@@ -157,7 +229,11 @@ def load_model(model_dir: str | None = None, *, dtype=None, seed: int = 0):
             return model
         try:
             return AutoModelForCausalLM.from_pretrained(
-                model_dir, config=config, local_files_only=True, dtype=dtype or "auto"
+                model_dir,
+                config=config,
+                local_files_only=True,
+                dtype=dtype or "auto",
+                trust_remote_code=trust_remote_code,
             )
         except _LOAD_ERRORS as err:
             raise UserError(

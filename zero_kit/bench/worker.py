@@ -46,7 +46,8 @@ def model_config(opts: BenchOptions):
         if opts.model == "tiny":
             config = tiny_llama_config(opts.vocab_size, **overrides)
         else:
-            config = AutoConfig.from_pretrained(opts.model, **overrides)
+            # Explicitly False: transformers never runs code of the directory (auto_map) nor asks on stdin.
+            config = AutoConfig.from_pretrained(opts.model, trust_remote_code=False, **overrides)
     except (ValueError, OSError) as err:
         raise UserError(f"cannot build the model config (--model {opts.model}): {err}",
                         "pick --hidden-size as a multiple of the head count, or a valid model DIR") from err  # fmt: skip

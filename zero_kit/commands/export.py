@@ -19,6 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype", choices=("fp32", "bf16", "fp16"), default="fp32", help="weights dtype (default fp32)"
     )
     parser.add_argument("--max-shard-mib", type=int, default=1024, help="largest safetensors file, MiB (default 1024)")
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let the run's --model run Python code of its own directory (auto_map); off: such a model is refused",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,7 +35,12 @@ def run(args: argparse.Namespace) -> int:
 
     with AnonPeak() as anon:
         out = export_checkpoint(
-            Path(args.checkpoint), Path(args.out), merge=args.merge, dtype=args.dtype, max_shard_mib=args.max_shard_mib
+            Path(args.checkpoint),
+            Path(args.out),
+            merge=args.merge,
+            dtype=args.dtype,
+            max_shard_mib=args.max_shard_mib,
+            trust_remote_code=args.trust_remote_code,
         )
     print(f"zero-kit export: wrote {describe(out)}")
     print(

@@ -22,6 +22,7 @@ from zero_kit.launch.placement import (
     per_node,
     slurm_allocation,
 )
+from zero_kit.launch.secrets import is_secret, redact, redact_argv, redact_env, write_private
 from zero_kit.launch.slurm import (
     SLURM_DEFAULTS,
     SlurmJob,
@@ -53,6 +54,7 @@ __all__ = [
     "from_hostfile",
     "hostfile_text",
     "in_slurm_allocation",
+    "is_secret",
     "launch_commands",
     "local",
     "node_launcher_line",
@@ -60,11 +62,15 @@ __all__ = [
     "per_node",
     "rank_env",
     "read_hostfile",
+    "redact",
+    "redact_argv",
+    "redact_env",
     "sbatch_script",
     "slurm_allocation",
     "slurm_nodes",
     "srun_command",
     "supervise",
     "torchrun_command",
+    "write_private",
     "write_rank_env",
 ]

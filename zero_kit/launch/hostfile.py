@@ -5,16 +5,23 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
 from zero_kit.errors import UserError
+from zero_kit.launch.secrets import is_secret, write_private
 
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.\-_]*$")
 # Ranks started over pdsh/ssh get only what the deepspeed launcher exports (PYTHON* and the lines of
 # .deepspeed_env, see write_rank_env); these are the variables a run may need there too.
+# Secrets among them (HF_TOKEN) are why the file is private (secrets.write_private); other secrets (WANDB_API_KEY,
+# AWS_*) are not sent: a user who needs one remotely lists it in ./.deepspeed_env.
 RANK_ENV_PREFIXES = ("ZERO_KIT_", "TORCH_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "NCCL_", "GLOO_", "OMP_")
 ENV_FILE = ".deepspeed_env"
+SECRETS_DIR = ".deepspeed_secrets"
+"""Beside ENV_FILE: one 0600 file per secret variable the ranks need (HF_TOKEN), read by the remote shell."""
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def hostfile_text(hosts: list[str], slots: int) -> str:
@@ -77,12 +84,40 @@ def rank_env(environ: dict[str, str], user_file: Path = Path(ENV_FILE)) -> dict[
     return lines
 
 
-def rank_env_text(environ: dict[str, str], user_file: Path = Path(ENV_FILE)) -> str:
-    """`rank_env` as DeepSpeed's env file (DS_ENV_FILE points at it). No blank lines: the launcher crashes on one."""
-    return "".join(f"{k}={v}\n" for k, v in rank_env(environ, user_file).items())
+def secret_reference(path: Path) -> str:
+    """Shell that reads a secret from `path` where the command runs: what a command line (pdsh's, ssh's) carries
+    instead of the value, so `ps` and logs show a path only. Unquoted: DeepSpeed's pdsh runner double-quotes a
+    value with `$(` in it itself; other callers put it inside double quotes."""
+    return f"$(cat {shlex.quote(str(path))})"
+
+
+def rank_env_files(environ: dict[str, str], env_file: Path, user_file: Path = Path(ENV_FILE)) -> dict[Path, str]:
+    """`rank_env` as DeepSpeed's env file at `env_file` (DS_ENV_FILE points at it), plus one file per secret in
+    SECRETS_DIR beside it. DeepSpeed's pdsh runner puts each line on the pdsh command line (`export NAME=VALUE;`),
+    which `ps` shows and DeepSpeed logs (`cmd = pdsh ...`), so a secret's line reads its value from its file on the
+    remote host instead (the output directory is shared by the nodes, like the checkpoints). Every file is written
+    private (write_private). No blank lines: the launcher crashes on one."""
+    env_file = env_file.absolute()
+    variables = rank_env(environ, user_file)
+    files = secret_files(variables, env_file.parent / SECRETS_DIR)
+    lines = [f"{k}={secret_reference(env_file.parent / SECRETS_DIR / k) if _kept_apart(k) else v}\n"
+             for k, v in variables.items()]  # fmt: skip
+    return {env_file: "".join(lines), **files}
+
+
+def secret_files(variables: dict[str, str], secrets_dir: Path) -> dict[Path, str]:
+    """One file per secret of `variables` (its value, no newline: `$(cat)` reads it back whole)."""
+    return {secrets_dir / k: v for k, v in variables.items() if _kept_apart(k)}
+
+
+def _kept_apart(name: str) -> bool:
+    # A name that is no shell name (a user's odd line) stays inline: it must never become a path outside the dir.
+    return is_secret(name) and bool(_NAME.match(name))
 
 
 def write_rank_env(path: Path, environ: dict[str, str], user_file: Path = Path(ENV_FILE)) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(rank_env_text(environ, user_file), encoding="utf-8")
+    """The ranks' environment file at `path` and its secrets' files (rank_env_files), each 0600 from its first
+    byte."""
+    for file, text in rank_env_files(environ, path, user_file).items():
+        write_private(file, text)
     return path

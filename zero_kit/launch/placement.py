@@ -21,7 +21,17 @@ from pathlib import Path
 from typing import Literal
 
 from zero_kit.launch.argv import deepspeed_command, torchrun_command
-from zero_kit.launch.hostfile import ENV_FILE, hostfile_text, rank_env, rank_env_text, read_hostfile
+from zero_kit.launch.hostfile import (
+    ENV_FILE,
+    SECRETS_DIR,
+    hostfile_text,
+    rank_env,
+    rank_env_files,
+    read_hostfile,
+    secret_files,
+    secret_reference,
+)
+from zero_kit.launch.secrets import write_private
 from zero_kit.launch.slurm import slurm_nodes, srun_command
 
 Mode = Literal["local", "hostfile", "slurm", "per_node"]
@@ -104,9 +114,10 @@ class Launch:
     """Files written before the start (a hostfile, the ranks' environment file)."""
 
     def write_files(self) -> None:
+        """Each file 0600 from its first byte: the ranks' environment file may hold secrets (HF_TOKEN), and every
+        file here is read by this user's own launcher and ranks alone."""
         for path, text in self.files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
+            write_private(path, text)
 
 
 def launch_commands(module: str, args: list[str], where: Placement, launcher: Launcher, *, port: int,
@@ -132,12 +143,14 @@ def launch_commands(module: str, args: list[str], where: Placement, launcher: La
                  for node in range(len(where.hosts))]  # fmt: skip
         return Launch(module, argvs, list(where.hosts), {}, files)
     if launcher.kind == "deepspeed":
-        env_file = run_dir / ENV_FILE
-        files[env_file] = rank_env_text(environ)
+        env_file = run_dir.absolute() / ENV_FILE
+        files.update(rank_env_files(environ, env_file))
         cmd = _deepspeed(module, args, launcher, nproc=where.ranks_per_node, master_port=port, hostfile=hostfile,
                          master_addr=None if where.hostfile else master, num_gpus=bool(where.hostfile))  # fmt: skip
         return Launch(module, [cmd], [""], {"DS_ENV_FILE": str(env_file)}, files)
-    argvs = [_ssh_torchrun(module, args, where, node, port, environ) for node in range(where.nodes)]
+    secrets_dir = run_dir.absolute() / SECRETS_DIR
+    files.update(secret_files(rank_env(environ), secrets_dir))
+    argvs = [_ssh_torchrun(module, args, where, node, port, environ, secrets_dir) for node in range(where.nodes)]
     return Launch(module, argvs, list(where.hosts), {}, files)
 
 
@@ -166,11 +179,15 @@ def _node(module: str, args: list[str], where: Placement, launcher: Launcher, po
 
 
 def _ssh_torchrun(module: str, args: list[str], where: Placement, node: int, port: int,
-                  environ: dict[str, str]) -> list[str]:  # fmt: skip
-    """torchrun on host `node` over ssh, in this directory, with the same variables the pdsh ranks get. -tt: when
-    the supervisor stops the ssh client, the remote side gets SIGHUP, and torchrun stops its workers."""
+                  environ: dict[str, str], secrets_dir: Path) -> list[str]:  # fmt: skip
+    """torchrun on host `node` over ssh, in this directory, with the same variables the pdsh ranks get (a secret
+    read there from its file in `secrets_dir`, so ssh's command line carries none). -tt: when the supervisor stops
+    the ssh client, the remote side gets SIGHUP, and torchrun stops its workers."""
     cmd = torchrun_command(module, args, nproc=where.ranks_per_node, master_port=port, nnodes=where.nodes,
                            node_rank=node, master_addr=where.hosts[0], python=sys.executable)  # fmt: skip
-    variables = [f"{k}={v}" for k, v in rank_env(environ).items()]
-    remote = f"cd {shlex.quote(os.getcwd())} && {shlex.join(['env', *variables, *cmd])}"
+    variables = rank_env(environ)
+    apart = secret_files(variables, secrets_dir)
+    plain = [f"{k}={v}" for k, v in variables.items() if secrets_dir / k not in apart]
+    secret = "".join(f' {path.name}="{secret_reference(path)}"' for path in apart)
+    remote = f"cd {shlex.quote(os.getcwd())} && {shlex.join(['env', *plain])}{secret} {shlex.join(cmd)}"
     return ["ssh", "-tt", "-o", "BatchMode=yes", where.hosts[node], remote]

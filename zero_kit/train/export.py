@@ -1,13 +1,14 @@
 """ZeRO checkpoint -> plain Hugging Face directory (safetensors + config + tokenizer), or a peft LoRA adapter.
 
 Streams: DeepSpeed's `get_fp32_state_dict_from_zero_checkpoint(lazy_mode=True)` maps the optimizer shards
-(torch.load mmap) and hands back lazy tensors; we materialize one output shard at a time, write it, and
+(torch.load mmap, made weights_only here: a checkpoint is data, never code) and hands back lazy tensors; we materialize one output shard at a time, write it, and
 drop it, so host memory stays near the largest shard rather than the whole model. Every tensor's shape is
 checked against the model config (a ZeRO-3 export must never write an empty or mis-shaped tensor).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 from collections.abc import Iterator
@@ -62,16 +63,26 @@ def _rss_anon_mib() -> float:
 
 
 def export_checkpoint(
-    checkpoint_dir: Path, out_dir: Path, *, merge: bool = False, dtype: str = "fp32", max_shard_mib: int = 1024
+    checkpoint_dir: Path,
+    out_dir: Path,
+    *,
+    merge: bool = False,
+    dtype: str = "fp32",
+    max_shard_mib: int = 1024,
+    trust_remote_code: bool = False,
 ) -> Path:
-    """Write `out_dir` from a complete `checkpoint-N` written by `zero-kit train`; returns `out_dir`."""
+    """Write `out_dir` from a complete `checkpoint-N` written by `zero-kit train`; returns `out_dir`. The run's
+    --model is loaded as data: code of its directory (auto_map) runs only with trust_remote_code, whatever the
+    run's own record says (a record in a checkpoint is no one's consent)."""
     checkpoint_dir = Path(checkpoint_dir)
     info = _run_info(checkpoint_dir)
     options = info["options"]
-    lazy = _lazy_state_dict(checkpoint_dir)
     from zero_kit import model as zk_model
 
-    config = zk_model.build_config(options.get("model"))
+    zk_model.check_trusted(options.get("model"), trust_remote_code)  # before any shard is read
+    lazy = _lazy_state_dict(checkpoint_dir)
+
+    config = zk_model.build_config(options.get("model"), trust_remote_code=trust_remote_code)
     out_dir.mkdir(parents=True, exist_ok=True)
     if options.get("lora_r") is None:
         _write_model(_full_tensors(lazy), config, out_dir, dtype, max_shard_mib)
@@ -80,7 +91,7 @@ def export_checkpoint(
         _write_model(merged, config, out_dir, dtype, max_shard_mib)
     else:
         _write_adapter(lazy, options, config, out_dir, dtype, max_shard_mib)
-    zk_model.load_tokenizer(options.get("model")).save_pretrained(out_dir)
+    zk_model.load_tokenizer(options.get("model"), trust_remote_code=trust_remote_code).save_pretrained(out_dir)
     return out_dir
 
 
@@ -110,19 +121,75 @@ def _run_info(checkpoint_dir: Path) -> dict:
 
 
 def _lazy_state_dict(checkpoint_dir: Path) -> dict:
-    import contextlib
     import io
 
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    import deepspeed.utils.zero_to_fp32 as zero_to_fp32
 
     # zero_to_fp32 prints progress to stdout; keep the command's own output readable.
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), lazy_mode=True)
+        with contextlib.redirect_stdout(io.StringIO()), _weights_only_loads(zero_to_fp32):
+            return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), lazy_mode=True)
     except (ValueError, FileNotFoundError) as err:  # no `latest`, missing rank shards, not a ZeRO checkpoint
         raise UserError(
             f"{checkpoint_dir}: cannot read the ZeRO shards ({err})", "export a checkpoint-N of ZeRO stage 1-3"
         ) from err
+    except _unpickling_error() as err:
+        import re
+
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        what = f"({found.group(1)})" if found else f"({str(err).splitlines()[0]})"
+        raise UserError(
+            f"{checkpoint_dir}: a ZeRO shard holds an object that is not plain data {what}; export reads shards "
+            "with torch.load(weights_only=True) and never runs code a checkpoint carries",
+            "export a checkpoint written by zero-kit train with this DeepSpeed version",
+        ) from None
+
+
+# The classes DeepSpeed itself pickles into ZeRO checkpoints (loss scaler, fragment addresses, the stage enum):
+# plain records, allowed by name; any other global in a shard is refused instead of being imported and called.
+SAFE_DEEPSPEED_GLOBALS = (
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+)
+
+
+def _unpickling_error() -> type[Exception]:
+    import pickle
+
+    return pickle.UnpicklingError
+
+
+@contextlib.contextmanager
+def _weights_only_loads(module) -> Iterator[None]:
+    """Inside: `module`'s torch.load (zero_to_fp32 asks for weights_only=False) reads with weights_only=True and
+    DeepSpeed's own record classes allowed, so a planted pickle in a checkpoint cannot run code."""
+    import importlib
+
+    import torch
+
+    allowed = []
+    for dotted in SAFE_DEEPSPEED_GLOBALS:
+        owner, _, name = dotted.rpartition(".")
+        with contextlib.suppress(ImportError, AttributeError):  # a DeepSpeed without one of them never wrote it
+            allowed.append(getattr(importlib.import_module(owner), name))
+
+    class _Torch:
+        def __getattr__(self, attr):
+            return getattr(torch, attr)
+
+        @staticmethod
+        def load(*args, **kwargs):
+            with torch.serialization.safe_globals(allowed):
+                return torch.load(*args, **{**kwargs, "weights_only": True})
+
+    original = module.torch
+    module.torch = _Torch()
+    try:
+        yield
+    finally:
+        module.torch = original
 
 
 def _materialize(lazy_tensor):

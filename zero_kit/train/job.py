@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from zero_kit.dist import barrier, end_process_group, free_port, single_process_env, slurm_to_torch_env, under_launcher
 from zero_kit.errors import UserError
+from zero_kit.model import check_trusted
 from zero_kit.train import checkpoint, preflight, universal
 from zero_kit.train.options import EXIT_PREEMPTED, TrainOptions, check_options
 from zero_kit.train.relaunch import RELAUNCHED, relaunch
@@ -35,6 +36,7 @@ class Data(NamedTuple):
 def run_train(opts: TrainOptions) -> int:
     """Run `zero-kit train`; returns the process exit code (0, or EXIT_PREEMPTED after SIGTERM)."""
     check_options(opts)
+    check_trusted(opts.model, opts.trust_remote_code)  # before a launcher starts ranks that would each refuse it
     os.environ.update(slurm_to_torch_env(dict(os.environ)))
     if _wants_relaunch(opts):
         return relaunch(opts, opts.nproc)
@@ -185,10 +187,20 @@ def _resolve_resume(run: ResolvedRun) -> Path | None:
                 f"--resume {found}: not a complete zero-kit checkpoint (no {checkpoint.MANIFEST} or files missing)",
                 "give a checkpoint-N directory written by zero-kit train, or use --resume auto",
             )
+    if found is not None and rank0:
+        _warn_if_foreign(found)
     if resume != "never" and rank0:
         checkpoint.remove_incomplete(output)
     barrier()
     return found
+
+
+def _warn_if_foreign(checkpoint_dir: Path) -> None:
+    from zero_kit.model import foreign_warning
+
+    warning = foreign_warning(checkpoint_dir, "--resume")
+    if warning:
+        print(f"zero-kit train: {warning}", file=sys.stderr, flush=True)
 
 
 def _build_model(opts: TrainOptions):
@@ -198,8 +210,9 @@ def _build_model(opts: TrainOptions):
 
     from zero_kit import model as zk_model
 
-    tokenizer = zk_model.load_tokenizer(opts.model)
-    model = zk_model.load_model(opts.model, dtype=torch.float32, seed=opts.seed)
+    trust = opts.trust_remote_code
+    tokenizer = zk_model.load_tokenizer(opts.model, trust_remote_code=trust)
+    model = zk_model.load_model(opts.model, dtype=torch.float32, seed=opts.seed, trust_remote_code=trust)
     held = _gather_held_elements(model)
     if opts.activation_checkpointing:
         model.config.use_cache = False
@@ -342,5 +355,5 @@ def _export_final(run: ResolvedRun) -> None:
         ckpt = checkpoint.newest_complete(output)
         if ckpt is None:
             raise UserError(f"no complete checkpoint in {output} to export", "run with --save-steps or check the log")
-        result = export_checkpoint(ckpt, output / FINAL_DIR)
+        result = export_checkpoint(ckpt, output / FINAL_DIR, trust_remote_code=run.options.trust_remote_code)
         print(f"zero-kit train: exported {ckpt.name} to {result}", flush=True)

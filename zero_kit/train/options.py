@@ -23,6 +23,9 @@ DEFAULT_LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj"
 class TrainOptions(ZeroOptions):
     model: str | None = None
     """Local Hugging Face model directory (LLaMA, Mistral or Qwen2 layout). Default: the embedded tiny LLaMA."""
+    trust_remote_code: bool = False
+    """Let --model run Python code of its own directory (auto_map in config.json or tokenizer_config.json). Off: such
+    a model is refused, since that code runs with your rights. Only for directories whose writers you trust."""
     data: str | None = None
     """Training data: a JSONL/JSON/CSV/Parquet file, a directory of them, or a saved `datasets` directory. Default: the bundled dataset."""
     format: Literal["alpaca", "chat", "text"] = "alpaca"

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from zero_kit.dist import RENDEZVOUS_PORT, free_port
-from zero_kit.launch import Launch, Launcher, from_hostfile, launch_commands, local, supervise
+from zero_kit.launch import Launch, Launcher, from_hostfile, launch_commands, local, redact_argv, supervise
 from zero_kit.options import options_to_argv
 from zero_kit.train.options import TrainOptions
 from zero_kit.watchdog import HEARTBEAT_DIR
@@ -40,7 +40,7 @@ def relaunch(opts: TrainOptions, nproc: int | None) -> int:
     # With a hostfile the rendezvous is on the first host, whose free ports this host cannot see.
     port = opts.master_port or (RENDEZVOUS_PORT if opts.hostfile else free_port())
     plan = relaunch_plan(opts, nproc, port, environ=env)
-    print("zero-kit train: launching", " ".join(plan.argvs[0][1:]), flush=True)
+    print("zero-kit train: launching", " ".join(redact_argv(plan.argvs[0][1:], env)), flush=True)
     # The ranks stay in our process group: whoever ends this job by its group (a scheduler, a test) ends them too.
     outcome = supervise(plan, env=env, own_groups=False, stall_dir=Path(opts.output) / HEARTBEAT_DIR,
                         name="zero-kit train")  # fmt: skip

@@ -211,17 +211,17 @@ def _zero_stage(ds_config: dict) -> int:
     return int(zero.get("stage", 0)) if isinstance(zero, dict) else 0
 
 
-def model_shape(model_dir: str | None):
+def model_shape(model_dir: str | None, trust_remote_code: bool = False):
     """The LlamaShape of --model (or of the embedded default), from its config only: no weights are read."""
     from zero_kit.model import build_config
     from zero_kit.plan.shapes import shape_from_hf_config
 
-    return shape_from_hf_config(build_config(model_dir).to_dict())
+    return shape_from_hf_config(build_config(model_dir, trust_remote_code=trust_remote_code).to_dict())
 
 
 def workload_of(opts: TrainOptions, precision: str) -> Workload:
     """What the run trains, as the planner's Workload."""
-    shape = model_shape(opts.model)
+    shape = model_shape(opts.model, opts.trust_remote_code)
     return Workload(
         shape=shape,
         n_params=shape.n_params,
