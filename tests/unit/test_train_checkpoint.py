@@ -177,3 +177,12 @@ def test_resume_path_must_be_a_complete_zero_kit_checkpoint(tmp_path):
     other = _foreign_checkpoint(tmp_path, 500)
     with pytest.raises(UserError, match="not a complete zero-kit checkpoint"):
         resume.resume_target(TrainOptions(output=str(tmp_path), resume=str(other)))
+
+
+def test_an_empty_checkpoint_directory_holds_no_work(tmp_path):
+    empty = tmp_path / "checkpoint-7"
+    empty.mkdir()
+    (tmp_path / "checkpoint-8").mkdir()
+    (tmp_path / "checkpoint-8" / f".{checkpoint.PARTIAL_MARK}.tmp123").write_text("")  # killed mid-mark
+    assert checkpoint.foreign(tmp_path) == []
+    assert [p.name for p in checkpoint.remove_incomplete(tmp_path)] == ["checkpoint-7", "checkpoint-8"]

@@ -19,18 +19,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype", choices=("fp32", "bf16", "fp16"), default="fp32", help="weights dtype (default fp32)"
     )
     parser.add_argument("--max-shard-mib", type=int, default=1024, help="largest safetensors file, MiB (default 1024)")
+    parser.add_argument(
+        "--force", action="store_true", help="write into a non-empty --out directory that zero-kit did not write"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from zero_kit.train.export import AnonPeak, check_export, describe, export_checkpoint, peak_rss_mib
+
+    check_export(Path(args.checkpoint), Path(args.out), force=args.force)  # a mistake is said before any import
     # Libraries first, so "before" below is the baseline and the difference is what the export itself holds.
     import deepspeed.utils.zero_to_fp32  # noqa: F401
     import transformers  # noqa: F401
 
-    from zero_kit.train.export import AnonPeak, describe, export_checkpoint, peak_rss_mib
-
     with AnonPeak() as anon:
         out = export_checkpoint(
-            Path(args.checkpoint), Path(args.out), merge=args.merge, dtype=args.dtype, max_shard_mib=args.max_shard_mib
+            Path(args.checkpoint),
+            Path(args.out),
+            merge=args.merge,
+            dtype=args.dtype,
+            max_shard_mib=args.max_shard_mib,
+            force=args.force,
         )
     print(f"zero-kit export: wrote {describe(out)}")
     print(

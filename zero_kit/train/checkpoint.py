@@ -96,8 +96,14 @@ def mark_partial(checkpoint_dir: Path) -> None:
 
 
 def is_ours(checkpoint_dir: Path) -> bool:
-    """zero-kit wrote this directory: it holds the manifest or the mark of a save (or deletion) in progress."""
-    return (checkpoint_dir / MANIFEST).is_file() or (checkpoint_dir / PARTIAL_MARK).is_file()
+    """zero-kit wrote this directory: it holds the manifest or the mark of a save (or deletion) in progress. An
+    empty one, or one holding only the mark's temporary file (a kill between mkdir and the mark), holds no work."""
+    if (checkpoint_dir / MANIFEST).is_file() or (checkpoint_dir / PARTIAL_MARK).is_file():
+        return True
+    try:
+        return all(path.name.startswith(f".{PARTIAL_MARK}.tmp") for path in checkpoint_dir.iterdir())
+    except OSError:
+        return False
 
 
 def foreign(output_dir: Path) -> list[Path]:

@@ -336,5 +336,5 @@ def _export_final(run: ResolvedRun) -> None:
         ckpt = checkpoint.newest_complete(output)
         if ckpt is None:
             raise UserError(f"no complete checkpoint in {output} to export", "run with --save-steps or check the log")
-        result = export_checkpoint(ckpt, output / FINAL_DIR)
+        result = export_checkpoint(ckpt, output / FINAL_DIR, force=True)  # final/ is zero-kit's, in --output
         print(f"zero-kit train: exported {ckpt.name} to {result}", flush=True)
