@@ -82,7 +82,6 @@ def export_checkpoint(
     from zero_kit import model as zk_model
 
     config = zk_model.build_config(options.get("model"))
-    _make_out_dir(out_dir)
     if options.get("lora_r") is None:
         _write_model(_full_tensors(lazy), config, out_dir, dtype, max_shard_mib)
     elif merge:
@@ -95,8 +94,9 @@ def export_checkpoint(
 
 
 def check_export(checkpoint_dir: Path, out_dir: Path, *, force: bool = False) -> dict:
-    """The cheap checks of an export, before any library is loaded or anything written: the checkpoint is a
-    complete zero-kit one (its run record is returned), and `out_dir` is empty, an earlier export's, or --force."""
+    """The cheap checks of an export, before any library is loaded: the checkpoint is a complete zero-kit one (its
+    run record is returned), and `out_dir` is empty, an earlier export's, or --force; then `out_dir` is created
+    with the export's mark (the first write, so an unwritable path is said in the first second too)."""
     info = _run_info(Path(checkpoint_dir))
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out {out_dir}: a file is there, not a directory", "give a directory path to --out")
@@ -106,6 +106,7 @@ def check_export(checkpoint_dir: Path, out_dir: Path, *, force: bool = False) ->
             f"--out {out_dir}: the directory is not empty and zero-kit did not write it",
             "give a new or empty directory, or add --force to write into it (files of the same names are replaced)",
         )
+    _make_out_dir(out_dir)
     return info
 
 
@@ -362,6 +363,6 @@ def _write_adapter(lazy: dict, options: dict, config, out_dir: Path, dtype: str,
 
 
 def describe(out_dir: Path) -> str:
-    files = sorted(p.name for p in out_dir.iterdir() if p.is_file())
+    files = sorted(p.name for p in out_dir.iterdir() if p.is_file() and not p.name.startswith("."))
     size = sum((out_dir / f).stat().st_size for f in files if f.endswith(".safetensors"))
     return f"{out_dir} ({len(files)} files, {size / 2**20:.1f} MiB of safetensors)"
