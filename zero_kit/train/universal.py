@@ -66,16 +66,16 @@ def universal_ready(ckpt: Path) -> bool:
 def convert(ckpt: Path) -> Path:
     """Write the universal form of `ckpt` (rank 0 only); returns its directory. Idempotent and crash-safe."""
     tag = deepspeed_tag(ckpt)
-    if tag is None or not checkpoint.is_complete(ckpt):
+    if tag is None or not (ckpt / checkpoint.MANIFEST).is_file():
         raise UserError(
-            f"{ckpt}: not a complete zero-kit checkpoint with a DeepSpeed `latest` tag to convert",
+            f"{ckpt}: not a zero-kit checkpoint (no {checkpoint.MANIFEST}) with a DeepSpeed `latest` tag to convert",
             "resume from a checkpoint-N written by zero-kit train",
         )
     final = ckpt / f"{tag}_universal"
     if universal_ready(ckpt):
         return final
     tmp = ckpt / f".{tag}_universal.tmp"
-    for leftover in (tmp, final):  # inside a checkpoint proven zero-kit's (complete, above): our own leftovers
+    for leftover in (tmp, final):  # inside a checkpoint proven zero-kit's (its manifest, above): our own leftovers
         shutil.rmtree(leftover, ignore_errors=True)
     cmd = [
         sys.executable,
