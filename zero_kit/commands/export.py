@@ -24,14 +24,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="let the run's --model run Python code of its own directory (auto_map); off: such a model is refused",
     )
+    parser.add_argument(
+        "--force", action="store_true", help="write into a non-empty --out directory that zero-kit did not write"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from zero_kit.train.export import AnonPeak, check_export, describe, export_checkpoint, peak_rss_mib
+
+    check_export(
+        Path(args.checkpoint), Path(args.out), force=args.force, trust_remote_code=args.trust_remote_code
+    )  # a mistake is said before any import
     # Libraries first, so "before" below is the baseline and the difference is what the export itself holds.
     import deepspeed.utils.zero_to_fp32  # noqa: F401
     import transformers  # noqa: F401
-
-    from zero_kit.train.export import AnonPeak, describe, export_checkpoint, peak_rss_mib
 
     with AnonPeak() as anon:
         out = export_checkpoint(
@@ -41,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             max_shard_mib=args.max_shard_mib,
             trust_remote_code=args.trust_remote_code,
+            force=args.force,
         )
     print(f"zero-kit export: wrote {describe(out)}")
     print(

@@ -12,6 +12,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from zero_kit.dist import any_rank, barrier
+from zero_kit.errors import UserError
 from zero_kit.train import checkpoint
 
 LOG_FILE = "train_log.jsonl"
@@ -78,13 +79,37 @@ def _clock(seconds: float) -> str:
 
 
 class CompleteCheckpointCallback(TrainerCallback):
-    """After the Trainer saved `checkpoint-N` on every rank: fsync, barrier, then rank 0 writes the manifest and
-    moves `latest_complete` (see zero_kit.train.checkpoint), then old complete checkpoints are rotated out."""
+    """Before the Trainer saves `checkpoint-N`: every rank marks it as zero-kit's (in progress). After the save on
+    every rank: fsync, barrier, then rank 0 writes the manifest and moves `latest_complete` (see
+    zero_kit.train.checkpoint), then old complete checkpoints are rotated out. Add it after every callback that may
+    ask for a save (its `on_step_end` reads the step's final save decision)."""
 
     def __init__(self, output_dir: Path, keep: int | None, run_info: dict):
         self.output_dir = output_dir
         self.keep = keep
         self.run_info = run_info
+        # Taken before training, while no rank of this run is writing: another rank's fresh directory whose mark is
+        # not written yet must not look foreign later.
+        self._foreign = {path.name for path in checkpoint.foreign(output_dir)}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        # The Trainer saves right after the step-end callbacks (`_maybe_log_save_evaluate`) into a directory that
+        # may already exist: the mark goes in first, so a save cut short is recognisably ours.
+        if control.should_save:
+            self._claim(state.global_step)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if control.should_save:
+            self._claim(state.global_step)
+
+    def _claim(self, step: int) -> None:
+        ckpt = self.output_dir / f"checkpoint-{step}"
+        if ckpt.name in self._foreign:
+            raise UserError(
+                f"{ckpt} was written by another tool: zero-kit will not save into it",
+                f"move it out of {self.output_dir}, or train with another --output",
+            )
+        checkpoint.mark_partial(ckpt)
 
     def on_save(self, args, state, control, **kwargs):
         ckpt = self.output_dir / f"checkpoint-{state.global_step}"

@@ -10,6 +10,11 @@ like a checkpoint but is not one. So a checkpoint only counts once it is *comple
 
 `--resume auto` only ever picks a directory whose manifest exists and whose files all have the sizes
 recorded, so a kill at any moment of a save resumes from the previous complete checkpoint.
+
+zero-kit deletes only what it wrote. Every rank writes `checkpoint-N/.zero_kit_partial` before the Trainer writes
+into the directory (and rank 0 again before a rotation starts deleting one), so a directory is zero-kit's when it
+holds the manifest or that mark. A `checkpoint-N` with neither (another tool's, e.g. an HF Trainer run's) is never
+deleted, never resumed, and named in a warning (`foreign`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from pathlib import Path
 MANIFEST = "zero_kit_complete.json"
 POINTER = "latest_complete"
 RUN_INFO = "zero_kit_run.json"
+PARTIAL_MARK = ".zero_kit_partial"
+"""zero-kit is writing (or deleting) this checkpoint: it is ours, and not complete while the mark is there."""
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -77,7 +84,41 @@ def write_manifest(checkpoint_dir: Path, *, step: int, world_size: int) -> None:
     """Rank 0, after the barrier that follows every rank's fsync: declare the checkpoint complete."""
     manifest = {"step": step, "world_size": world_size, "files": _file_sizes(checkpoint_dir)}
     atomic_write_text(checkpoint_dir / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    (checkpoint_dir / PARTIAL_MARK).unlink(missing_ok=True)  # the manifest now says "ours"; the mark is not listed
     atomic_write_text(checkpoint_dir.parent / POINTER, checkpoint_dir.name + "\n")
+
+
+def mark_partial(checkpoint_dir: Path) -> None:
+    """Before anything is written into (or deleted from) `checkpoint_dir`: claim it as zero-kit's, so a save cut
+    short is cleaned up by the next run while another tool's `checkpoint-N` is left alone."""
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(checkpoint_dir / PARTIAL_MARK, "written by zero-kit train; a save or deletion under way\n")
+
+
+def is_ours(checkpoint_dir: Path) -> bool:
+    """zero-kit wrote this directory: it holds the manifest or the mark of a save (or deletion) in progress. An
+    empty one, or one holding only the mark's temporary file (a kill between mkdir and the mark), holds no work."""
+    if (checkpoint_dir / MANIFEST).is_file() or (checkpoint_dir / PARTIAL_MARK).is_file():
+        return True
+    try:
+        return all(path.name.startswith(f".{PARTIAL_MARK}.tmp") for path in checkpoint_dir.iterdir())
+    except OSError:
+        return False
+
+
+def foreign(output_dir: Path) -> list[Path]:
+    """`checkpoint-N` directories zero-kit did not write: never deleted, never resumed."""
+    return [path for path in list_checkpoints(output_dir) if not is_ours(path)]
+
+
+def _delete_ours(path: Path) -> None:
+    """Delete a checkpoint directory proven zero-kit's. The mark goes in before the manifest goes out, so a
+    deletion cut short leaves a directory that is still ours (and incomplete): the next run finishes the job."""
+    if not is_ours(path):
+        raise RuntimeError(f"refusing to delete {path}: zero-kit did not write it")
+    mark_partial(path)
+    (path / MANIFEST).unlink(missing_ok=True)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def is_complete(checkpoint_dir: Path) -> bool:
@@ -86,6 +127,8 @@ def is_complete(checkpoint_dir: Path) -> bool:
         manifest = json.loads((checkpoint_dir / MANIFEST).read_text(encoding="utf-8"))
         files = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if (checkpoint_dir / PARTIAL_MARK).exists():  # a rotation began deleting it
         return False
     for rel, size in files.items():
         path = checkpoint_dir / rel
@@ -115,12 +158,11 @@ def newest_complete(output_dir: Path) -> Path | None:
 
 
 def remove_incomplete(output_dir: Path) -> list[Path]:
-    """Delete checkpoint directories a killed save left behind (rank 0, before training)."""
-    removed = []
-    for path in list_checkpoints(output_dir):
-        if not is_complete(path):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+    """Delete zero-kit's checkpoint directories that a killed save left behind (rank 0, once the run's inputs have
+    passed); another tool's `checkpoint-N` is left alone."""
+    removed = [path for path in list_checkpoints(output_dir) if is_ours(path) and not is_complete(path)]
+    for path in removed:
+        _delete_ours(path)
     return removed
 
 
@@ -131,15 +173,15 @@ def rotate(output_dir: Path, keep: int | None) -> list[Path]:
     complete = [p for p in list_checkpoints(output_dir) if is_complete(p)]
     removed = complete[:-keep] if len(complete) > keep else []
     for path in removed:
-        # Drop the manifest first: a half-deleted directory must never look complete.
-        (path / MANIFEST).unlink(missing_ok=True)
-        shutil.rmtree(path, ignore_errors=True)
+        _delete_ours(path)
     return removed
 
 
-def remove_all(output_dir: Path) -> None:
-    """`--resume never`: forget every earlier checkpoint so a later `--resume auto` cannot mix two runs."""
+def remove_all(output_dir: Path) -> list[Path]:
+    """`--resume never`: forget every earlier zero-kit checkpoint so a later `--resume auto` cannot mix two runs
+    (another tool's `checkpoint-N` stays). Returns what was deleted."""
     (output_dir / POINTER).unlink(missing_ok=True)
-    for path in list_checkpoints(output_dir):
-        (path / MANIFEST).unlink(missing_ok=True)
-        shutil.rmtree(path, ignore_errors=True)
+    removed = [path for path in list_checkpoints(output_dir) if is_ours(path)]
+    for path in removed:
+        _delete_ours(path)
+    return removed

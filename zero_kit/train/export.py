@@ -62,6 +62,10 @@ def _rss_anon_mib() -> float:
     return 0.0
 
 
+EXPORT_MARK = ".zero_kit_export"
+"""In every directory an export wrote: a later export may replace it without --force."""
+
+
 def export_checkpoint(
     checkpoint_dir: Path,
     out_dir: Path,
@@ -70,20 +74,18 @@ def export_checkpoint(
     dtype: str = "fp32",
     max_shard_mib: int = 1024,
     trust_remote_code: bool = False,
+    force: bool = False,
 ) -> Path:
     """Write `out_dir` from a complete `checkpoint-N` written by `zero-kit train`; returns `out_dir`. The run's
     --model is loaded as data: code of its directory (auto_map) runs only with trust_remote_code, whatever the
     run's own record says (a record in a checkpoint is no one's consent)."""
     checkpoint_dir = Path(checkpoint_dir)
-    info = _run_info(checkpoint_dir)
+    info = check_export(checkpoint_dir, out_dir, force=force, trust_remote_code=trust_remote_code)
     options = info["options"]
     from zero_kit import model as zk_model
 
-    zk_model.check_trusted(options.get("model"), trust_remote_code)  # before any shard is read
     lazy = _lazy_state_dict(checkpoint_dir)
-
     config = zk_model.build_config(options.get("model"), trust_remote_code=trust_remote_code)
-    out_dir.mkdir(parents=True, exist_ok=True)
     if options.get("lora_r") is None:
         _write_model(_full_tensors(lazy), config, out_dir, dtype, max_shard_mib)
     elif merge:
@@ -95,16 +97,41 @@ def export_checkpoint(
     return out_dir
 
 
+def check_export(checkpoint_dir: Path, out_dir: Path, *, force: bool = False, trust_remote_code: bool = False) -> dict:
+    """The cheap checks of an export, before any library is loaded or shard read: the checkpoint is a complete
+    zero-kit one (its run record is returned), its --model names no code of its own unless trust_remote_code, and
+    `out_dir` is empty, an earlier export's, or --force; then `out_dir` is created with the export's mark (the
+    first write, so an unwritable path is said in the first second too)."""
+    from zero_kit.model import check_trusted
+
+    info = _run_info(Path(checkpoint_dir))
+    check_trusted(info["options"].get("model"), trust_remote_code)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir}: a file is there, not a directory", "give a directory path to --out")
+    owned = (out_dir / EXPORT_MARK).is_file()
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not owned and not force:
+        raise UserError(
+            f"--out {out_dir}: the directory is not empty and zero-kit did not write it",
+            "give a new or empty directory, or add --force to write into it (files of the same names are replaced)",
+        )
+    _make_out_dir(out_dir)
+    return info
+
+
+def _make_out_dir(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / EXPORT_MARK).write_text("written by zero-kit export\n", encoding="utf-8")
+    except OSError as err:
+        raise UserError(
+            f"--out {out_dir}: cannot write there ({err.strerror or err})", "give a directory you can write to"
+        ) from None
+
+
 def _run_info(checkpoint_dir: Path) -> dict:
-    if not checkpoint_dir.is_dir():
-        raise UserError(
-            f"{checkpoint_dir}: no such checkpoint directory", "give OUTPUT/checkpoint-N from zero-kit train"
-        )
     if not checkpoint.is_complete(checkpoint_dir):
-        raise UserError(
-            f"{checkpoint_dir}: incomplete checkpoint (no {checkpoint.MANIFEST} or files missing: a save was cut short)",
-            f"export the checkpoint named in {checkpoint_dir.parent / checkpoint.POINTER}",
-        )
+        problem, fix = _not_a_checkpoint(checkpoint_dir)
+        raise UserError(f"{checkpoint_dir}: {problem}", fix)
     from zero_kit.lint import Unreadable, read_config
 
     path = checkpoint_dir / checkpoint.RUN_INFO
@@ -118,6 +145,28 @@ def _run_info(checkpoint_dir: Path) -> dict:
         lines = "\n".join("  " + str(p).replace("\n", "\n  ") for p in duplicates)
         raise UserError(f"{path} has {len(duplicates)} error(s):\n{lines}", "keep one entry of each key")
     return info
+
+
+def _not_a_checkpoint(given: Path) -> tuple[str, str]:
+    """What is wrong with `given` and a fix that is true on this disk: the complete checkpoint to export instead,
+    or how to get one."""
+    is_output = given.is_dir() and checkpoint.checkpoint_step(given) is None
+    output = given if is_output else given.parent
+    newest = checkpoint.newest_complete(output)
+    if is_output:
+        problem = "a training output, not a checkpoint" if newest else "holds no complete zero-kit checkpoint"
+    elif given.is_dir():
+        problem = (
+            f"incomplete checkpoint (no {checkpoint.MANIFEST} or files missing: a save cut short, or not zero-kit's)"
+        )
+    else:
+        problem = "no such checkpoint directory"
+    if newest is not None:
+        return problem, f"export {newest} (the newest complete checkpoint there)"
+    return problem, (
+        f"there is no complete checkpoint in {output}: train one with zero-kit train --output {output} "
+        "(it saves at the end and every --save-steps)"
+    )
 
 
 def _lazy_state_dict(checkpoint_dir: Path) -> dict:
@@ -378,6 +427,6 @@ def _write_adapter(lazy: dict, options: dict, config, out_dir: Path, dtype: str,
 
 
 def describe(out_dir: Path) -> str:
-    files = sorted(p.name for p in out_dir.iterdir() if p.is_file())
+    files = sorted(p.name for p in out_dir.iterdir() if p.is_file() and not p.name.startswith("."))
     size = sum((out_dir / f).stat().st_size for f in files if f.endswith(".safetensors"))
     return f"{out_dir} ({len(files)} files, {size / 2**20:.1f} MiB of safetensors)"

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from zero_kit.dist import barrier, end_process_group, free_port, single_process_env, slurm_to_torch_env, under_launcher
 from zero_kit.errors import UserError
 from zero_kit.model import check_trusted
-from zero_kit.train import checkpoint, preflight, universal
+from zero_kit.train import checkpoint, preflight, resume, universal
 from zero_kit.train.options import EXIT_PREEMPTED, TrainOptions, check_options
 from zero_kit.train.relaunch import RELAUNCHED, relaunch
 from zero_kit.train.run import ResolvedRun, resolve_run
@@ -38,6 +38,10 @@ def run_train(opts: TrainOptions) -> int:
     check_options(opts)
     check_trusted(opts.model, opts.trust_remote_code)  # before a launcher starts ranks that would each refuse it
     os.environ.update(slurm_to_torch_env(dict(os.environ)))
+    if not os.environ.get(RELAUNCHED):  # once per command, before any rank starts: the ranks of a relaunch skip it
+        target = resume.check_before_start(opts, dict(os.environ))
+        if target is not None and os.environ.get("RANK", "0") == "0":
+            _warn_if_foreign(target)  # its pickles are loaded with weights_only=False by DeepSpeed and the Trainer
     if _wants_relaunch(opts):
         return relaunch(opts, opts.nproc)
     _rank_environment(opts)
@@ -93,7 +97,7 @@ def _train(run: ResolvedRun, args, heartbeat: Heartbeat | None) -> int:
     starting = (lambda: heartbeat.beat("startup", 0)) if heartbeat is not None else (lambda: None)
     _init_deepspeed_comm(run)
     starting()
-    resume_from = _resolve_resume(run)
+    resume_from = resume.resume_target(run.options)  # chosen only: nothing is deleted before the inputs passed
     universal.prepare_resume(resume_from, args)  # written at another world size: convert, load_universal
     starting()
     tokenizer, model, held = _build_model(run.options)
@@ -102,6 +106,7 @@ def _train(run: ResolvedRun, args, heartbeat: Heartbeat | None) -> int:
     starting()
     run_info = _record_start(run, held, data.stats, resume_from)
     trainer, preemption = _trainer(run, args, model, tokenizer, data, run_info, heartbeat)
+    _clear_earlier(run)  # the model, the data and the Trainer are built: now earlier work may go
     with preflight.disk_errors_as_user_errors(run.output):  # a disk that fills up mid-run: a message, no traceback
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     if preemption.stopped:
@@ -170,29 +175,20 @@ def _init_deepspeed_comm(run: ResolvedRun) -> None:
     deepspeed.init_distributed(dist_backend=run.machine.backend, timeout=timeout)
 
 
-def _resolve_resume(run: ResolvedRun) -> Path | None:
-    """auto: newest complete checkpoint (incomplete leftovers are deleted); never: fresh; else the given path."""
-    resume, output, rank0 = run.options.resume, run.output, run.machine.rank == 0
-    if resume == "never":
-        if rank0 and checkpoint.list_checkpoints(output):
-            print(f"zero-kit train: --resume never: removing earlier checkpoints in {output}", file=sys.stderr)
-            checkpoint.remove_all(output)
-        found = None
-    elif resume == "auto":
-        found = checkpoint.newest_complete(output)
-    else:
-        found = Path(resume)
-        if not checkpoint.is_complete(found):
-            raise UserError(
-                f"--resume {found}: not a complete zero-kit checkpoint (no {checkpoint.MANIFEST} or files missing)",
-                "give a checkpoint-N directory written by zero-kit train, or use --resume auto",
-            )
-    if found is not None and rank0:
-        _warn_if_foreign(found)
-    if resume != "never" and rank0:
-        checkpoint.remove_incomplete(output)
+def _clear_earlier(run: ResolvedRun) -> None:
+    """Rank 0, once the run's inputs have passed and right before training, then a barrier: `--resume never`
+    deletes zero-kit's earlier checkpoints, otherwise only zero-kit's leftovers of a save cut short go. Another
+    tool's `checkpoint-N` is never touched (zero_kit.train.checkpoint). Says what it deleted."""
+    output = run.output
+    if run.machine.rank == 0:
+        if run.options.resume == "never":
+            removed, why = checkpoint.remove_all(output), "--resume never: removed earlier checkpoints"
+        else:
+            removed, why = checkpoint.remove_incomplete(output), "removed checkpoints a cut-short save left"
+        if removed:
+            names = ", ".join(path.name for path in removed)
+            print(f"zero-kit train: {why} {names} from {output}", file=sys.stderr, flush=True)
     barrier()
-    return found
 
 
 def _warn_if_foreign(checkpoint_dir: Path) -> None:
@@ -288,6 +284,7 @@ def _run_info(run: ResolvedRun, held: dict, stats) -> dict:
         "options": asdict(run.options),
         "world_size": run.machine.world_size,
         "zero_stage": run.zero_stage,
+        "precision": run.precision,
         "zero3_init": held,
         "data": stats_dict,
     }
@@ -355,5 +352,7 @@ def _export_final(run: ResolvedRun) -> None:
         ckpt = checkpoint.newest_complete(output)
         if ckpt is None:
             raise UserError(f"no complete checkpoint in {output} to export", "run with --save-steps or check the log")
-        result = export_checkpoint(ckpt, output / FINAL_DIR, trust_remote_code=run.options.trust_remote_code)
+        result = export_checkpoint(
+            ckpt, output / FINAL_DIR, force=True, trust_remote_code=run.options.trust_remote_code
+        )  # final/ is zero-kit's, in --output
         print(f"zero-kit train: exported {ckpt.name} to {result}", flush=True)

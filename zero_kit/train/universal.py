@@ -66,13 +66,16 @@ def universal_ready(ckpt: Path) -> bool:
 def convert(ckpt: Path) -> Path:
     """Write the universal form of `ckpt` (rank 0 only); returns its directory. Idempotent and crash-safe."""
     tag = deepspeed_tag(ckpt)
-    if tag is None:
-        raise UserError(f"{ckpt}: no DeepSpeed `latest` tag directory to convert", "resume from a zero-kit checkpoint")
+    if tag is None or not (ckpt / checkpoint.MANIFEST).is_file():
+        raise UserError(
+            f"{ckpt}: not a zero-kit checkpoint (no {checkpoint.MANIFEST}) with a DeepSpeed `latest` tag to convert",
+            "resume from a checkpoint-N written by zero-kit train",
+        )
     final = ckpt / f"{tag}_universal"
     if universal_ready(ckpt):
         return final
     tmp = ckpt / f".{tag}_universal.tmp"
-    for leftover in (tmp, final):
+    for leftover in (tmp, final):  # inside a checkpoint proven zero-kit's (its manifest, above): our own leftovers
         shutil.rmtree(leftover, ignore_errors=True)
     cmd = [
         sys.executable,
@@ -93,7 +96,7 @@ def convert(ckpt: Path) -> Path:
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
     if proc.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # ours: the conversion's own temporary folder in our checkpoint
         (ckpt / LATEST_UNIVERSAL).unlink(missing_ok=True)
         raise UserError(
             f"{ckpt}: DeepSpeed's universal checkpoint conversion failed (exit {proc.returncode}):\n"
