@@ -99,8 +99,9 @@ def refuse_overwrite(path: str | Path, flag: str, force: bool, ours: Callable[[P
     if ours(target):
         return
     what = "a non-empty directory" if target.is_dir() else "a file"
+    act = "writing into" if target.is_dir() else "overwriting"
     raise UserError(
-        f"{flag} {path}: {what} that zero-kit did not write; not overwriting it",
+        f"{flag} {path}: {what} that zero-kit did not write; not {act} it",
         f"pass --force to overwrite it, or choose another {flag}",
     )
 
