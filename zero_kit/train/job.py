@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from zero_kit.dist import barrier, end_process_group, free_port, single_process_env, slurm_to_torch_env, under_launcher
 from zero_kit.errors import UserError
 from zero_kit.train import checkpoint, preflight, universal
+from zero_kit.train.inputs import check_inputs
 from zero_kit.train.options import EXIT_PREEMPTED, TrainOptions, check_options
 from zero_kit.train.relaunch import RELAUNCHED, relaunch
 from zero_kit.train.run import ResolvedRun, resolve_run
@@ -35,6 +36,7 @@ class Data(NamedTuple):
 def run_train(opts: TrainOptions) -> int:
     """Run `zero-kit train`; returns the process exit code (0, or EXIT_PREEMPTED after SIGTERM)."""
     check_options(opts)
+    check_inputs(opts)  # data, model, output, hostfile: before the relaunch, an op build or any deletion
     os.environ.update(slurm_to_torch_env(dict(os.environ)))
     if _wants_relaunch(opts):
         return relaunch(opts, opts.nproc)
