@@ -109,6 +109,9 @@ def _write_sbatch(args: argparse.Namespace, opts) -> int:
     return 0
 
 
+REPORT_FIX = "point --report at the --out directory of a zero-kit bench run"
+
+
 def _report(directory: str) -> int:
     import json
     from pathlib import Path
@@ -119,10 +122,12 @@ def _report(directory: str) -> int:
     path = Path(directory) / "results.jsonl"
     try:
         records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, ValueError) as err:
-        raise UserError(
-            f"--report {directory}: cannot read {path} ({err})", "point at a zero-kit bench --out"
-        ) from None
+    except OSError as err:
+        raise UserError(f"--report {directory}: cannot read {path} ({err.strerror or err})", REPORT_FIX) from None
+    except ValueError as err:  # not UTF-8, or a line that is not JSON
+        raise UserError(f"--report {directory}: {path} is not a results.jsonl ({err})", REPORT_FIX) from None
+    if not all(isinstance(record, dict) for record in records):
+        raise UserError(f"--report {directory}: {path} holds lines that are not records", REPORT_FIX)
     write_outputs(records, Path(directory))
     print((Path(directory) / "table.md").read_text(encoding="utf-8"))
     return 0

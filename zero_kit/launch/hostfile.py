@@ -63,6 +63,8 @@ def read_hostfile(path: str, flag: str = "--hostfile") -> list[tuple[str, int]]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise UserError(f"{flag} {path}: cannot read it ({err.strerror})", "pass an existing hostfile") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{flag} {path}: not a text file", "pass a hostfile of 'HOST slots=N' lines") from None
     return parse_hostfile(text, path)
 
 
