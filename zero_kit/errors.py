@@ -1,4 +1,5 @@
-"""Errors a user can cause. Library code raises these; only the CLI edge prints them and picks exit codes."""
+"""Errors a user can cause. Library code raises these; only the CLI edge prints them and picks exit codes. Also the
+path checks every command shares: a path it writes or reads is one line naming the flag, never a traceback."""
 
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def check_writable_dir(path: str | Path, flag: str) -> Path:
 
 def refuse_overwrite(path: str | Path, flag: str, force: bool, ours: Callable[[Path], bool]) -> None:
     """An existing file, or a non-empty directory, that `ours` does not recognise as zero-kit's own output is
-    kept unless the user passed --force. `ours` is the command's cheap mark (see docs/errors: "what zero-kit
+    kept unless the user passed --force. `ours` is the command's cheap mark (docs/mistakes.md, "What zero-kit
     overwrites"); it must not raise for unreadable or binary content."""
     target = Path(path)
     if force or not target.exists():
