@@ -113,3 +113,29 @@ def test_peek_reads_first_rows_only_and_fails_like_the_reader(tmp_path):
     (tmp_path / "dir").mkdir()
     with pytest.raises(UserError, match="save_to_disk"):
         peek_source(str(tmp_path / "dir"))
+
+
+def test_train_input_checks_pass_every_readable_kind_of_data(tmp_path):
+    """check_inputs refuses only what the ranks would refuse: each file kind the reader takes passes it."""
+    import json
+
+    import pandas
+
+    from zero_kit.train.inputs import check_inputs
+    from zero_kit.train.options import TrainOptions
+
+    rows = [{"instruction": f"q{i}", "input": "", "output": f"a{i}"} for i in range(3)]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "a.json").write_text(json.dumps(rows))
+    pandas.DataFrame(rows).to_csv(tmp_path / "a.csv", index=False)
+    pandas.DataFrame(rows).to_parquet(tmp_path / "a.parquet")
+    from datasets import Dataset
+
+    Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+    for name in ("a.jsonl", "a.json", "a.csv", "a.parquet", "saved"):
+        check_inputs(TrainOptions(data=str(tmp_path / name), output=str(tmp_path / "out" / "run")))
+    assert not (tmp_path / "out").exists()  # checked, not created
+    from zero_kit.errors import UserError
+
+    with pytest.raises(UserError, match=r"missing column\(s\) \['text'\]"):  # what load_dataset_rows says, at once
+        check_inputs(TrainOptions(data=str(tmp_path / "a.csv"), format="text", output=str(tmp_path)))
