@@ -124,6 +124,8 @@ CASES = {
     "train output is a file": Case((*TRAIN, "--output", "mine.json"), ("--output mine.json", "not a directory")),
     "train host twice": Case((*TRAIN, "--hostfile", "hosts"), ("hosts:3", "'node1' again", "line 1")),
     "train missing resume": Case((*TRAIN, "--resume", "nowhere"), ("--resume nowhere", "--resume auto")),
+    "train values no run can use": Case((*TRAIN, "--lora-r", "8", "--lora-dropout", "1.5"), ("--lora-dropout",)),
+    "train --lr 0": Case((*TRAIN, "--lr", "0"), ("--lr must be > 0",)),
     "train missing ds-config": Case((*TRAIN, "--ds-config", "nope.json"), ("--ds-config nope.json",)),
     # export: its cases are the checkpoint helper's (export reads CHECKPOINT_DIR only after importing deepspeed)
     # bench
