@@ -5,9 +5,11 @@ so that quick commands stay quick. Only this edge prints user errors and picks e
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import os
+import re
 import sys
 
 from zero_kit import __version__
@@ -47,15 +49,60 @@ def _command_module(name: str):
     return importlib.import_module(f"zero_kit.commands.{name}")
 
 
+USER_HELP = """DeepSpeed ZeRO for LLaMA-style models: write and lint DeepSpeed configs, plan which ZeRO stage and
+offload fit your GPUs, fine-tune through the Hugging Face Trainer, and measure ZeRO against DDP and FSDP2."""
+
+HELP_EPILOG = """start with:  zero-kit train --nproc 2 --stage 3   (the embedded tiny model, two CPU ranks)
+each command: zero-kit COMMAND --help
+guides:       README.md and docs/ (training, configs, planning, clusters) in the zero_kit repository"""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with no prefix matching (`--max-step` is not `--max-steps`: a typo must not pick a flag) and a
+    did-you-mean fix line under a usage error, in the `PROG: error: ...` / `  fix: ...` shape of every error."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.known_flags: list[str] = []  # set by build_parser: the flags of the command being parsed
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        fix = suggestion(message, self.known_flags or self._flags()) or f"see {self.prog} --help"
+        self.exit(2, f"{self.prog}: error: {message}\n  fix: {fix}\n")
+
+    def _flags(self) -> list[str]:
+        return [flag for action in self._actions for flag in action.option_strings]
+
+
+def suggestion(message: str, flags: list[str]) -> str:
+    """ "did you mean ..." for argparse's messages about an unknown flag or an invalid choice (difflib)."""
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice:
+        options = re.findall(r"'([^']*)'|([^\s,]+)", choice.group(2))
+        names = [quoted or bare for quoted, bare in options]
+        close = difflib.get_close_matches(choice.group(1), names, n=1, cutoff=0.5)
+        return f"did you mean {close[0]!r}?" if close else ""
+    if "unrecognized arguments:" not in message:
+        return ""
+    given = [word.split("=", 1)[0] for word in message.split(":", 1)[1].split() if word.startswith("-")]
+    close = [(word, difflib.get_close_matches(word, flags, n=1, cutoff=0.6)) for word in given]
+    return "; ".join(f"did you mean {found[0]} (not {word})?" for word, found in close if found)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser; with `only`, just that subcommand's arguments are registered (keeps start-up fast)."""
-    parser = argparse.ArgumentParser(prog="zero-kit", description=__doc__.split("\n")[0])
+    parser = Parser(
+        prog="zero-kit", description=USER_HELP, epilog=HELP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"zero-kit {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name, summary in COMMANDS.items():
         p = sub.add_parser(name, help=summary, description=summary)
         if only in (None, name):
             _command_module(name).add_arguments(p)
+            if only == name:  # the top parser reports a subcommand's unknown flags: suggest from that command's
+                parser.known_flags = [flag for action in p._actions for flag in action.option_strings]
     return parser
 
 

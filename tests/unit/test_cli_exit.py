@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = """
 import atexit, sys
 import torch  # a rank has torch loaded
@@ -35,3 +37,105 @@ def test_single_process_keeps_normal_teardown():
     proc = _run({})
     assert proc.returncode == 2
     assert "TEARDOWN RAN" in proc.stdout
+
+
+# Issue 30: the command line's own answers (in-process: quick), beside the tier of mistakes (tests/mistakes).
+
+
+def test_top_level_help_is_for_users(capsys):
+    from zero_kit.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out
+    assert "DeepSpeed ZeRO for LLaMA-style models" in shown and "zero-kit COMMAND --help" in shown
+    assert "add_arguments" not in shown  # not cli.py's developer docstring
+
+
+@pytest.mark.parametrize(
+    ("argv", "fix"),
+    [
+        (["train", "--max-step", "3"], "did you mean --max-steps (not --max-step)?"),
+        (["plna"], "did you mean 'plan'?"),
+        (["plan", "--rank-by", "tim"], "did you mean 'time'?"),
+    ],
+)
+def test_no_prefixes_and_a_did_you_mean(argv, fix, capsys):
+    from zero_kit.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    assert f"  fix: {fix}" in capsys.readouterr().err
+
+
+def test_launch_slurm_says_the_size_it_filled_in(tmp_path, capsys):
+    from zero_kit.cli import main
+
+    assert main(["launch", "--slurm", "-o", str(tmp_path / "job.sbatch")]) == 0
+    assert "2 nodes x 8 GPUs (--nodes and --gpus-per-node not given: defaults)" in capsys.readouterr().err
+    assert main(["launch", "--slurm", "--nodes", "1", "--gpus-per-node", "2", "-o", str(tmp_path / "job.sbatch")]) == 0
+    assert "not given" not in capsys.readouterr().err  # rewrites its own script, quietly about sizes given
+
+
+def test_plan_and_config_rewrite_their_own_output_but_not_a_hand_edited_one(tmp_path):
+    from zero_kit.cli import main
+    from zero_kit.errors import UserError
+
+    out = tmp_path / "ds.json"
+    assert main(["config", "--stage", "2", "-o", str(out)]) == 0
+    assert main(["plan", "--model", "llama-3-8b", "--gpu-mem", "80GB", "-o", str(out)]) == 0  # zero-kit's: replaced
+    out.write_text(out.read_text().replace('"stage"', '"stage" ', 1))  # a hand edit
+    with pytest.raises(UserError, match="--force"):
+        from zero_kit.commands.config import check_output
+
+        check_output(str(out), "-o", force=False)
+    assert main(["config", "--stage", "3", "-o", str(out), "--force"]) == 0
+
+
+def test_peek_reads_first_rows_only_and_fails_like_the_reader(tmp_path):
+    from zero_kit.data.files import PEEK_BYTES, peek_source
+    from zero_kit.data.formats import BadRow, check_row
+    from zero_kit.errors import UserError
+
+    big = tmp_path / "big.jsonl"
+    row = '{"text": "' + "x" * 1000 + '"}\n'
+    big.write_text(row * (2 * PEEK_BYTES // len(row)) + "not json\n")  # the bad line is past the peek
+    source, columns_known = peek_source(str(big), limit=4)
+    assert len(source.rows) == 4 and not columns_known
+    check_row(source.rows[0], "text")
+    with pytest.raises(BadRow):
+        check_row(source.rows[0], "alpaca")
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text(row + "{cut\n")
+    with pytest.raises(UserError, match="line 2"):
+        peek_source(str(torn))
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(UserError, match="save_to_disk"):
+        peek_source(str(tmp_path / "dir"))
+
+
+def test_train_input_checks_pass_every_readable_kind_of_data(tmp_path):
+    """check_inputs refuses only what the ranks would refuse: each file kind the reader takes passes it."""
+    import json
+
+    import pandas
+
+    from zero_kit.train.inputs import check_inputs
+    from zero_kit.train.options import TrainOptions
+
+    rows = [{"instruction": f"q{i}", "input": "", "output": f"a{i}"} for i in range(3)]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "a.json").write_text(json.dumps(rows))
+    pandas.DataFrame(rows).to_csv(tmp_path / "a.csv", index=False)
+    pandas.DataFrame(rows).to_parquet(tmp_path / "a.parquet")
+    from datasets import Dataset
+
+    Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+    for name in ("a.jsonl", "a.json", "a.csv", "a.parquet", "saved"):
+        check_inputs(TrainOptions(data=str(tmp_path / name), output=str(tmp_path / "out" / "run")))
+    assert not (tmp_path / "out").exists()  # checked, not created
+    from zero_kit.errors import UserError
+
+    with pytest.raises(UserError, match=r"missing column\(s\) \['text'\]"):  # what load_dataset_rows says, at once
+        check_inputs(TrainOptions(data=str(tmp_path / "a.csv"), format="text", output=str(tmp_path)))

@@ -21,6 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " --gpus-per-node ranks each, one after another, into one results directory (--out)",
     )
     parser.add_argument("-o", "--output", metavar="FILE", help="where --slurm writes the sbatch script")
+    parser.add_argument(
+        "--force", action="store_true", help="let --out or -o write over a directory or file zero-kit did not write"
+    )
     add_slurm_arguments(parser, "bench")
     parser.add_argument(
         "--report",
@@ -53,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
             f" --warmup {opts.warmup}",
             "e.g. --nproc 2 --steps 20 --warmup 3",
         )
+    _check_outputs(args, opts.out)
     if args.slurm:
         return _write_sbatch(args, opts)
     records = run_bench(opts, progress=_progress)
@@ -64,11 +68,35 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _is_bench_out(path) -> bool:
+    """The mark of a `zero-kit bench --out` directory: its results.jsonl or logs/ (a run cut short has only logs)."""
+    return (path / "results.jsonl").is_file() or (path / "logs").is_dir()
+
+
+def _is_bench_script(path) -> bool:
+    """The mark of `bench --slurm -o`: our sbatch head and the driver line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return False
+    return text.startswith("#!/bin/bash\n#SBATCH --job-name=") and "zero_kit.cli bench" in text
+
+
+def _check_outputs(args: argparse.Namespace, out: str) -> None:
+    """Before a rank starts: --out can hold the results and holds nothing of the user's; so for -o."""
+    from zero_kit.errors import check_writable_dir, check_writable_file, refuse_overwrite
+
+    if not args.slurm:  # with --slurm, --out is a path on the cluster, written there
+        check_writable_dir(out, "--out")
+        refuse_overwrite(out, "--out", args.force, _is_bench_out)
+    if args.output:
+        check_writable_file(args.output, "-o")
+        refuse_overwrite(args.output, "-o", args.force, _is_bench_script)
+
+
 def _write_sbatch(args: argparse.Namespace, opts) -> int:
     """The sbatch script: the same bench, run by the driver inside the allocation (it launches with srun)."""
-    from pathlib import Path
-
-    from zero_kit.errors import UserError
+    from zero_kit.errors import UserError, write_text
     from zero_kit.launch import SlurmJob, bench_sbatch_script
 
     if not args.output or not opts.nodes or not opts.gpus_per_node or opts.hostfile:
@@ -79,9 +107,12 @@ def _write_sbatch(args: argparse.Namespace, opts) -> int:
     job = SlurmJob(nodes=opts.nodes, gpus_per_node=opts.gpus_per_node, launcher="deepspeed", module="zero_kit.cli",
                    args=(), job_name=args.job_name, time=args.time, partition=args.partition)  # fmt: skip
     bench_args = options_to_argv(opts, drop=("nodes",))
-    Path(args.output).write_text(bench_sbatch_script(job, bench_args), encoding="utf-8")
+    write_text(args.output, bench_sbatch_script(job, bench_args), "-o")
     print(f"wrote {args.output}: sbatch --wait {args.output}, results in {opts.out}/", file=sys.stderr)
     return 0
+
+
+REPORT_FIX = "point --report at the --out directory of a zero-kit bench run"
 
 
 def _report(directory: str) -> int:
@@ -94,10 +125,12 @@ def _report(directory: str) -> int:
     path = Path(directory) / "results.jsonl"
     try:
         records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, ValueError) as err:
-        raise UserError(
-            f"--report {directory}: cannot read {path} ({err})", "point at a zero-kit bench --out"
-        ) from None
+    except OSError as err:
+        raise UserError(f"--report {directory}: cannot read {path} ({err.strerror or err})", REPORT_FIX) from None
+    except ValueError as err:  # not UTF-8, or a line that is not JSON
+        raise UserError(f"--report {directory}: {path} is not a results.jsonl ({err})", REPORT_FIX) from None
+    if not all(isinstance(record, dict) for record in records):
+        raise UserError(f"--report {directory}: {path} holds lines that are not records", REPORT_FIX)
     write_outputs(records, Path(directory))
     print((Path(directory) / "table.md").read_text(encoding="utf-8"))
     return 0

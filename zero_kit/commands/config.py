@@ -10,7 +10,7 @@ from pathlib import Path
 
 from zero_kit.config.builder import accelerate_yaml, dumps, generate, resolve_world_size
 from zero_kit.config.spec import ZeroSpec
-from zero_kit.errors import UserError
+from zero_kit.errors import UserError, check_writable_file, refuse_overwrite, write_text
 from zero_kit.options import add_dataclass_arguments, dataclass_from_args
 
 HIDDEN_SIZE_KEYS = ("hidden_size", "n_embd", "d_model")
@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " written as numbers, since accelerate cannot fill them)",
     )
     parser.add_argument("-o", "--output", metavar="FILE", help="write the JSON here instead of stdout")
+    parser.add_argument(
+        "--force", action="store_true", help="let -o replace a file that is not a DeepSpeed JSON zero-kit wrote"
+    )
 
 
 def hidden_size_from_model_dir(model_dir: str) -> int:
@@ -68,16 +71,30 @@ def spec_from_args(args: argparse.Namespace) -> ZeroSpec:
     return spec
 
 
-def _write(path: str, text: str, flag: str) -> None:
+def written_by_zero_kit(path: Path) -> bool:
+    """The mark of a DeepSpeed JSON that `config -o` or `plan -o` wrote: a JSON object with zero_optimization,
+    in exactly the bytes `dumps` gives for it (sorted keys, two-space indent, final newline). A hand-written or
+    hand-edited config almost never is, so it is kept unless --force."""
     try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(text, encoding="utf-8")
-    except OSError as err:
-        raise UserError(f"{flag} {path}: cannot write ({err.strerror})", "choose a writable path") from None
+        text = path.read_text(encoding="utf-8")
+        config = json.loads(text)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "zero_optimization" in config and dumps(config) == text
+
+
+def check_output(path: str, flag: str, force: bool) -> None:
+    """Before any work: `path` can be written, and holds nothing zero-kit did not write (unless --force)."""
+    check_writable_file(path, flag)
+    refuse_overwrite(path, flag, force, written_by_zero_kit)
 
 
 def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
+    if args.output:
+        check_output(args.output, "-o", args.force)
+    if args.accelerate_yaml:
+        check_writable_file(args.accelerate_yaml, "--accelerate-yaml")
     generated = generate(spec)
     for warning in generated.warnings:  # the linter's warnings, as `zero-kit validate` gives them for the JSON
         print(f"zero-kit config: warning: {warning}", file=sys.stderr)
@@ -85,9 +102,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.output:
         sys.stdout.write(text)
         return 0
-    _write(args.output, text, "-o")
+    write_text(args.output, text, "-o")
     if args.accelerate_yaml:
         nodes = args.nodes or 1
         yaml = accelerate_yaml(str(Path(args.output).resolve()), spec.world_size, nodes, zero3_init=spec.stage == 3)
-        _write(args.accelerate_yaml, yaml, "--accelerate-yaml")
+        write_text(args.accelerate_yaml, yaml, "--accelerate-yaml")
     return 0

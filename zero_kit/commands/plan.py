@@ -90,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-o", "--output", metavar="CONFIG", help="write the DeepSpeed JSON config of the recommended option here"
     )
+    parser.add_argument(
+        "--force", action="store_true", help="let -o replace a file that is not a DeepSpeed JSON zero-kit wrote"
+    )
 
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?)(B?)\s*$", re.IGNORECASE)
@@ -117,7 +120,7 @@ def parse_count(text: str) -> int:
 
 def resolve_model(opts: PlanOptions):
     """(label, shape, n_params) from --model DIR, --model NAME or --params with optional dimensions."""
-    from zero_kit.plan import KNOWN_SHAPES, LlamaShape, closest_known_shape, shape_from_hf_config
+    from zero_kit.plan import KNOWN_SHAPES, LlamaShape, closest_known_shape
 
     if (opts.model is None) == (opts.params is None):
         raise UserError("give exactly one of --model and --params", "e.g. --model llama-3-8b or --params 8e9")
@@ -125,16 +128,7 @@ def resolve_model(opts: PlanOptions):
         if opts.model.lower() in KNOWN_SHAPES:
             shape = KNOWN_SHAPES[opts.model.lower()]
             return opts.model.lower(), shape, shape.n_params
-        config_path = Path(opts.model) / "config.json"
-        if not config_path.is_file():
-            raise UserError(
-                f"--model {opts.model!r} is neither a directory with config.json nor a known shape",
-                f"pass a local model directory or one of: {', '.join(KNOWN_SHAPES)}",
-            )
-        try:
-            shape = shape_from_hf_config(json.loads(config_path.read_text(encoding="utf-8")))
-        except (ValueError, KeyError) as err:
-            raise UserError(f"{config_path}: cannot read a LLaMA-style shape ({err})", "check config.json") from err
+        shape = _shape_from_dir(opts.model, list(KNOWN_SHAPES))
         return str(opts.model), shape, shape.n_params
     n_params = parse_count(opts.params)
     if n_params < 1:
@@ -148,6 +142,35 @@ def resolve_model(opts: PlanOptions):
     inter = opts.intermediate_size or -(-8 * h // 3 // 256) * 256
     shape = LlamaShape(h, opts.layers, heads, opts.kv_heads or heads, inter, opts.vocab or 32000)
     return f"--params {opts.params} with the given dimensions", shape, n_params
+
+
+def _shape_from_dir(model: str, known: list[str]):
+    """The LlamaShape of a local model directory's config.json; every way it can be wrong is one UserError."""
+    from zero_kit.errors import read_text
+    from zero_kit.plan import shape_from_hf_config
+
+    config_path = Path(model) / "config.json"
+    if not config_path.is_file():
+        raise UserError(
+            f"--model {model!r} is neither a directory with config.json nor a known shape",
+            f"pass a local model directory or one of: {', '.join(known)}",
+        )
+    text = read_text(config_path, "--model", "a Hugging Face model directory whose config.json is JSON")
+    try:
+        config = json.loads(text)
+    except ValueError as err:
+        raise UserError(f"--model {config_path}: not JSON ({err})", "fix or replace the model's config.json") from None
+    if not isinstance(config, dict):
+        raise UserError(f"--model {config_path}: not a JSON object", "fix or replace the model's config.json")
+    try:
+        return shape_from_hf_config(config)
+    except UserError as err:  # an unsupported architecture: say which file
+        raise UserError(f"--model {config_path}: {err.message}", err.fix) from None
+    except (KeyError, TypeError, ValueError) as err:
+        raise UserError(
+            f"--model {config_path}: cannot read a LLaMA-style shape (missing or bad key {err})",
+            "check config.json, or give the size with --params N",
+        ) from None
 
 
 def _timing_problems(opts: PlanOptions) -> list[UserError]:
@@ -177,7 +200,7 @@ def read_calibration(path: str, rates) -> tuple[object, list[UserError]]:
         return None, [
             UserError(f"--calibrate {path}: no such file", "pass the results.jsonl of a `zero-kit bench` run")
         ]
-    records = read_jsonl(file)
+    records = read_jsonl(file, "--calibrate", "the results.jsonl of a `zero-kit bench` run")
     found = calibrate(records, file.name, rates)
     if found is None:
         fix = "run `zero-kit bench --strategies ddp ...` and pass its results.jsonl"
@@ -186,13 +209,17 @@ def read_calibration(path: str, rates) -> tuple[object, list[UserError]]:
     return found, []
 
 
-def read_jsonl(file: Path) -> list:
+def read_jsonl(file: Path, flag: str, what: str) -> list:
+    from zero_kit.errors import read_text
+
     records = []
-    for line in file.read_text(encoding="utf-8").splitlines():
+    for line in read_text(file, flag, what).splitlines():
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except ValueError:
             continue  # a torn last line of an interrupted run: the other records still count
+        if isinstance(record, dict):
+            records.append(record)
     return records
 
 
@@ -207,7 +234,7 @@ def read_gpu_record(path: str, assume, items: list[str]):
     if not file.is_file():
         return assume, [UserError(f"--gpu-record {path}: no such file", fix)]
     try:
-        values, source = measured_on_gpu(read_jsonl(file))
+        values, source = measured_on_gpu(read_jsonl(file, "--gpu-record", "a GPU suite's suite.jsonl"))
     except ValueError as e:
         return assume, [UserError(f"--gpu-record {path}: {e}", fix)]
     given = {item.partition("=")[0].strip().replace("-", "_") for item in items}
@@ -292,6 +319,10 @@ def run(args: argparse.Namespace) -> int:
     from zero_kit.plan import make_plan, render_json, render_text
 
     opts = dataclass_from_args(PlanOptions, args)
+    if args.output:  # before the planning, so a wrong -o costs nothing and the table is not printed for naught
+        from zero_kit.commands.config import check_output
+
+        check_output(args.output, "-o", args.force)
     label, work, hardware, rates = build_inputs(opts)
     plan = make_plan(work, hardware, rates, opts.rank_by)
     print(render_json(plan, label) if opts.json else render_text(plan, label))
@@ -309,6 +340,7 @@ def write_config(plan, opts: PlanOptions, path: str) -> None:
     registry's `stage` of a native strategy is the ZeRO stage that shards the same states)."""
     from zero_kit.config.builder import build_ds_config, dumps
     from zero_kit.config.spec import ZeroSpec
+    from zero_kit.errors import write_text
 
     best = plan.recommended
     info = best.info
@@ -328,5 +360,5 @@ def write_config(plan, opts: PlanOptions, path: str) -> None:
         world_size=plan.hardware.world_size,
         hidden_size=plan.work.shape.hidden_size,
     )
-    Path(path).write_text(dumps(build_ds_config(spec)), encoding="utf-8")
+    write_text(path, dumps(build_ds_config(spec)), "-o")
     print(f"zero-kit plan: wrote {path} (ZeRO stage {stage}, {best.offload} offload)", file=sys.stderr)

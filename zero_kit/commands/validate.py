@@ -85,6 +85,9 @@ def _json_safe(value: Any) -> Any:
     return [_json_safe(v) for v in value] if isinstance(value, list) else value
 
 
+UNREADABLE_FIX = "pass a readable DeepSpeed JSON config file (zero-kit config -o FILE writes one)"
+
+
 def run(args: argparse.Namespace) -> int:
     from zero_kit.lint import LintContext, Unreadable
 
@@ -104,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             problems = _lint_file(path, context)
         except Unreadable as err:
-            print(f"zero-kit validate: error: {err.where(path)}: {err}", file=sys.stderr)
+            print(f"zero-kit validate: error: {err.where(path)}: {err}\n  fix: {UNREADABLE_FIX}", file=sys.stderr)
             everything.append(
                 {"file": path, "severity": "error", "line": err.line, "column": err.column, "message": str(err)}
             )

@@ -193,6 +193,80 @@ def read_saved_dataset(path: str) -> RowSource:
     return RowSource(path, "dataset-dir", loaded, list(loaded.column_names))
 
 
+PEEK_BYTES = 1 << 20
+"""How much of a file `peek_source` reads: enough for the first rows of any sane file, cheap on a huge one."""
+SAVED_MARKS = ("state.json", "dataset_dict.json")  # what Dataset/DatasetDict.save_to_disk write at the top
+
+
+def _head(path: str) -> tuple[bytes, bool]:
+    """The first PEEK_BYTES of `path` cut after its last whole line, and whether that is the whole file."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(PEEK_BYTES)
+            whole = not file.read(1)
+    except OSError as err:
+        raise UserError(f"{path}: cannot read ({err.strerror or err})", "check the path and permissions") from None
+    return (head, True) if whole else (head[: head.rfind(b"\n") + 1], False)
+
+
+def _peek_text_rows(path: str, kind: str, head: bytes, limit: int) -> RowSource:
+    import csv
+    import io
+
+    text = _decode(path, head)
+    if kind == "csv":
+        reader = csv.DictReader(io.StringIO(text))
+        rows = [dict(row) for _, row in zip(range(limit), reader, strict=False)]
+        return RowSource(path, "csv", rows, list(reader.fieldnames or []))
+    rows, lines = [], []
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.strip() and len(rows) < limit:
+            rows.append(_json_value(path, line, number))
+            lines.append(number)
+    return RowSource(path, "jsonl", rows, _columns(rows), lines)
+
+
+def peek_source(path: str, limit: int = 16) -> tuple[RowSource, bool]:
+    """(The first `limit` rows of `path`, whether its columns are known for the whole file), read cheaply: the
+    first MiB of JSONL/CSV, a JSON file under a MiB, a Parquet schema, a saved directory's marks. It fails as
+    `read_source` would on what it reads, so a wrong --data is said in the first second, not by the ranks."""
+    location = Path(path)
+    if location.is_dir():
+        if not any((location / mark).is_file() for mark in SAVED_MARKS):
+            raise UserError(
+                f"{path}: a directory without {' or '.join(SAVED_MARKS)}, so not a datasets.save_to_disk directory",
+                "pass the directory written by Dataset.save_to_disk, or the data files themselves",
+            )
+        return RowSource(path, "dataset-dir", [], []), False
+    if not location.exists():
+        raise UserError(f"{path}: no such file or directory", f"pass {SUPPORTED}")
+    kind = SUFFIXES.get(location.suffix.lower())
+    if kind is None:
+        raise UserError(f"{path}: unknown file type {location.suffix!r}", f"pass {SUPPORTED} (by extension)")
+    head, whole = _head(path)
+    if kind == "parquet":
+        return _peek_parquet(path), True
+    if kind == "json":
+        if not whole:  # a big JSON list is only parsed whole; its first bytes are at least readable
+            return RowSource(path, "json", [], []), False
+        source = read_json(path)
+        return RowSource(path, source.kind, source.rows[:limit], source.columns, source.lines), True
+    source = _peek_text_rows(path, kind, head, limit)
+    if whole and not source.rows:
+        raise UserError(f"{path}: holds no rows", "pass a file with at least one example")
+    return source, kind == "csv" or (whole and len(source.rows) < limit)
+
+
+def _peek_parquet(path: str) -> RowSource:
+    import pyarrow.parquet
+
+    try:
+        schema = pyarrow.parquet.read_schema(path)
+    except Exception as err:  # ArrowInvalid, OSError, ...: the file is not a complete Parquet file
+        raise UserError(f"{path}: not a readable Parquet file ({err})", "rewrite the file") from None
+    return RowSource(path, "parquet", [], list(schema.names))
+
+
 READERS = {"jsonl": read_jsonl, "json": read_json, "csv": read_csv, "parquet": read_parquet}
 
 

@@ -212,3 +212,15 @@ def encode_row(row: Any, tokenizer, fmt: str, max_length: int) -> tuple[list[int
     """(input_ids, labels) for one row, or BadRow. `zero_kit.data.dataset` batches many rows the same way."""
     prepared = PREPARERS[fmt](row, tokenizer, specials(tokenizer))
     return finish(prepared, tokenize_texts(tokenizer, prepared.texts, fmt == "chat"), max_length)
+
+
+def check_row(row: Any, fmt: str) -> None:
+    """The checks of `encode_row` that need no tokenizer (fields there, strings, not empty): BadRow if one fails.
+    `zero-kit train` runs it on a file's first rows before any rank starts."""
+    if fmt == "chat":
+        chat_messages(row)
+        return
+    for name in FORMATS[fmt]:
+        _field(row, name)
+    if fmt == "alpaca":
+        _field(row, "input", required=False)

@@ -36,7 +36,7 @@ def hostfile_text(hosts: list[str], slots: int) -> str:
 
 def parse_hostfile(text: str, source: str = "hostfile") -> list[tuple[str, int]]:
     """(host, slots) per non-comment line; every malformed line is reported at once, as SOURCE:LINE."""
-    hosts, problems = [], []
+    hosts, problems, seen = [], [], {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -45,11 +45,20 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[tuple[str, int]]
         if not match or not _HOST.match(match.group(1)) or int(match.group(2)) < 1:
             problems.append(f"{source}:{number}: {raw.strip()!r}")
             continue
+        if match.group(1) in seen:  # the launcher would start two node ranks on one host: half the ranks collide
+            problems.append(f"{source}:{number}: host {match.group(1)!r} again (first on line {seen[match.group(1)]})")
+            continue
+        seen[match.group(1)] = number
         hosts.append((match.group(1), int(match.group(2))))
     if problems or not hosts:
+        shown = (
+            f"bad hostfile line {problems[0]}"
+            if len(problems) == 1
+            else "bad hostfile lines:\n  " + "\n  ".join(problems)
+        )
         raise UserError(
-            "bad hostfile lines:\n  " + "\n  ".join(problems) if problems else f"{source} lists no hosts",
-            "write one 'HOST slots=N' line per node, e.g. 'node1 slots=8'",
+            shown if problems else f"{source} lists no hosts",
+            "write one 'HOST slots=N' line per node, each host once, e.g. 'node1 slots=8'",
         )
     return hosts
 
@@ -61,6 +70,8 @@ def read_hostfile(path: str, flag: str = "--hostfile") -> list[tuple[str, int]]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise UserError(f"{flag} {path}: cannot read it ({err.strerror})", "pass an existing hostfile") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{flag} {path}: not a text file", "pass a hostfile of 'HOST slots=N' lines") from None
     return parse_hostfile(text, path)
 
 

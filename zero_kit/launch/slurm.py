@@ -29,6 +29,26 @@ SLURM_DEFAULTS = {
 }
 """Per command: the job name and the time limit its sbatch script asks for."""
 
+DEFAULT_NODES = 2
+DEFAULT_GPUS_PER_NODE = 8
+
+
+def fill_size(nodes: int | None, gpus_per_node: int | None, command: str) -> tuple[int, int]:
+    """--nodes and --gpus-per-node as given, the defaults for those left out, said on stderr when one was: the
+    size of an allocation is its cost, and 2 x 8 GPUs should never be a surprise."""
+    filled = (
+        DEFAULT_NODES if nodes is None else nodes,
+        DEFAULT_GPUS_PER_NODE if gpus_per_node is None else gpus_per_node,
+    )
+    missing = [flag for flag, value in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node)) if value is None]
+    if missing:
+        print(
+            f"zero-kit {command}: {filled[0]} node{'s' * (filled[0] != 1)} x {filled[1]} GPUs ({' and '.join(missing)} not given: defaults);"
+            f" pass {' and '.join(missing)} to change it",
+            file=sys.stderr,
+        )
+    return filled
+
 
 def add_slurm_arguments(parser: argparse.ArgumentParser, command: Literal["launch", "bench"]) -> None:
     """--job-name, --time and --partition, with `command`'s defaults."""

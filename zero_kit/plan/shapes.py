@@ -6,6 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zero_kit.errors import UserError
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+"""config.json `model_type`s whose decoder is the LlamaShape formula (SwiGLU MLP, RMSNorm, grouped-query
+attention, no biases that count): every other architecture is refused by name rather than planned as a LLaMA."""
+
 
 def lora_trainable_params(hidden_size: int, layers: int, rank: int, kv_size: int, intermediate: int) -> int:
     """LoRA adapter parameters on every linear of each block (q, k, v, o, gate, up, down): r x (in + out) each."""
@@ -94,7 +100,17 @@ def closest_known_shape(n_params: int) -> tuple[str, LlamaShape]:
 
 
 def shape_from_hf_config(config: dict) -> LlamaShape:
-    """A LlamaShape from a Hugging Face config.json (llama, mistral, qwen2 keys); KeyError names a missing key."""
+    """A LlamaShape from a Hugging Face config.json (llama, mistral, qwen2 keys); KeyError names a missing key.
+    Another `model_type` (bert, gpt2, ...) is a UserError naming it and the supported ones: its parameter
+    count follows other formulas, and a LLaMA plan of it would be wrong without saying so."""
+    model_type = config.get("model_type")
+    if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
+        named = f" ({', '.join(map(str, config['architectures']))})" if config.get("architectures") else ""
+        raise UserError(
+            f"model_type {model_type!r}{named} is not a supported architecture;"
+            f" supported: {', '.join(SUPPORTED_MODEL_TYPES)}",
+            "plan a LLaMA-style model, or give its size with --params N (and --hidden-size/--layers)",
+        )
     heads = config["num_attention_heads"]
     return LlamaShape(
         hidden_size=config["hidden_size"],

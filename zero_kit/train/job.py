@@ -19,6 +19,7 @@ from zero_kit.dist import barrier, end_process_group, free_port, single_process_
 from zero_kit.errors import UserError
 from zero_kit.model import check_trusted
 from zero_kit.train import checkpoint, preflight, resume, universal
+from zero_kit.train.inputs import check_inputs
 from zero_kit.train.options import EXIT_PREEMPTED, TrainOptions, check_options
 from zero_kit.train.relaunch import RELAUNCHED, relaunch
 from zero_kit.train.run import ResolvedRun, resolve_run
@@ -36,6 +37,7 @@ class Data(NamedTuple):
 def run_train(opts: TrainOptions) -> int:
     """Run `zero-kit train`; returns the process exit code (0, or EXIT_PREEMPTED after SIGTERM)."""
     check_options(opts)
+    check_inputs(opts)  # data, model, output, hostfile: before the relaunch, an op build or any deletion
     check_trusted(opts.model, opts.trust_remote_code)  # before a launcher starts ranks that would each refuse it
     os.environ.update(slurm_to_torch_env(dict(os.environ)))
     if not os.environ.get(RELAUNCHED):  # once per command, before any rank starts: the ranks of a relaunch skip it

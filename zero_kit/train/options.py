@@ -117,7 +117,30 @@ def check_options(opts: TrainOptions) -> None:
         problems.append(UserError("--lora-alpha was given without --lora-r", "add --lora-r R, or drop --lora-alpha"))
     if opts.resume in ("", None):
         problems.append(UserError("--resume is empty", "pass --resume auto, --resume never or --resume CHECKPOINT_DIR"))
-    raise_all(problems, "in the flags")
+    raise_all(problems + _range_problems(opts), "in the flags")
+
+
+def _range_problems(opts: TrainOptions) -> list[UserError]:
+    """Values no run can use, said before any rank starts (HF's TrainingArguments or peft would say it later,
+    on every rank, after the model load)."""
+    bad = []
+    if opts.max_steps is None and not opts.epochs > 0:
+        bad.append(UserError(f"--epochs must be > 0, got {opts.epochs:g}", "pass --epochs 1, or --max-steps N"))
+    if opts.warmup_steps < 0:
+        bad.append(UserError(f"--warmup-steps must be >= 0, got {opts.warmup_steps}", "pass --warmup-steps 0 or more"))
+    if opts.lr is not None and not opts.lr > 0:
+        bad.append(UserError(f"--lr must be > 0, got {opts.lr:g}", "pass e.g. --lr 2e-5, or leave it out"))
+    if not 0 <= opts.lora_dropout < 1:
+        bad.append(
+            UserError(f"--lora-dropout must be in [0, 1), got {opts.lora_dropout:g}", "e.g. --lora-dropout 0.05")
+        )
+    if opts.lora_r is not None and not [t for t in opts.lora_targets.split(",") if t.strip()]:
+        bad.append(
+            UserError("--lora-targets is empty", f"pass module names, e.g. --lora-targets {DEFAULT_LORA_TARGETS}")
+        )
+    if opts.collective_timeout < 1:
+        bad.append(_not_positive("collective_timeout", opts.collective_timeout))
+    return bad
 
 
 def _not_positive(name: str, value: int) -> UserError:

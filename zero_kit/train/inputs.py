@@ -1,0 +1,109 @@
+"""Check first, then act (issue 30): every input of `zero-kit train` that can be checked in a second is checked
+in the parent process, before the relaunch, an op build, the model load or any deletion under --output. A
+wrong --data, --model, --output, --hostfile, --ds-config or --resume costs the user a second and changes nothing
+on disk; the ranks would find the same mistakes only after half a minute of start-up.
+
+What is read: the first rows of --data (zero_kit.data.files.peek_source) checked against --format without a
+tokenizer, --model's config.json, one probe file created and deleted in --output's nearest existing directory,
+the hostfile, and the --ds-config and --resume paths. Nothing is created."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from zero_kit.errors import UserError, check_writable_dir, raise_all, read_text
+from zero_kit.train.options import TrainOptions
+
+RESUME_WORDS = ("auto", "never")
+
+
+def check_inputs(opts: TrainOptions) -> None:
+    """Every cheap input check of a run, all problems reported at once (each with its fix)."""
+    problems: list[UserError] = []
+    for check in (_check_data, _check_model, _check_output, _check_hostfile, _check_ds_config, _check_resume):
+        try:
+            check(opts)
+        except UserError as err:
+            problems.append(err)
+    raise_all(problems, "in the inputs of zero-kit train")
+
+
+def _check_data(opts: TrainOptions) -> None:
+    from zero_kit.data.files import peek_source
+    from zero_kit.data.formats import FORMATS, BadRow, check_row
+
+    if opts.data is None:
+        return  # the bundled dataset of --format
+    try:
+        source, columns_known = peek_source(opts.data)
+    except UserError as err:
+        raise UserError(f"--data {err.message}", err.fix) from None
+    missing = [column for column in FORMATS[opts.format] if column not in source.columns]
+    if columns_known and missing:
+        raise UserError(
+            f"--data {source.path}: missing column(s) {missing} needed by --format {opts.format}"
+            f" (has {source.columns[:12]})",
+            "rename the columns, or pass the right --format",
+        )
+    if opts.skip_bad:
+        return  # bad rows are the run's to count and skip
+    for index, row in enumerate(source.rows):
+        try:
+            check_row(row, opts.format)
+        except BadRow as bad:
+            raise UserError(
+                f"--data {source.where(index)}: {bad.detail} (--format {opts.format})",
+                "fix the row, pass the right --format, or use --skip-bad to skip and count such rows",
+            ) from None
+
+
+def _check_model(opts: TrainOptions) -> None:
+    from zero_kit.plan.shapes import shape_from_hf_config
+
+    if opts.model is None:
+        return  # the embedded tiny LLaMA
+    path = Path(opts.model)
+    if not path.is_dir():
+        raise UserError(f"--model {opts.model}: no such directory", "pass a local Hugging Face model directory")
+    fix = "pass the directory written by save_pretrained (config.json, safetensors, tokenizer files)"
+    if not (path / "config.json").is_file():
+        raise UserError(f"--model {opts.model}: no config.json, so not a Hugging Face model directory", fix)
+    try:
+        config = json.loads(read_text(path / "config.json", "--model", "a model directory with a JSON config.json"))
+    except ValueError as err:
+        raise UserError(f"--model {path / 'config.json'}: not JSON ({err})", "fix or replace config.json") from None
+    if not isinstance(config, dict):
+        raise UserError(f"--model {path / 'config.json'}: not a JSON object", "fix or replace config.json")
+    try:
+        shape_from_hf_config(config)
+    except UserError as err:  # an architecture other than LLaMA/Mistral/Qwen2
+        raise UserError(f"--model {path / 'config.json'}: {err.message}", "pass a LLaMA-style model") from None
+    except (KeyError, TypeError, ValueError) as err:
+        raise UserError(f"--model {path / 'config.json'}: missing or bad key {err}", "fix config.json") from None
+
+
+def _check_output(opts: TrainOptions) -> None:
+    check_writable_dir(opts.output, "--output")
+
+
+def _check_hostfile(opts: TrainOptions) -> None:
+    from zero_kit.launch.hostfile import read_hostfile
+
+    if opts.hostfile:
+        read_hostfile(opts.hostfile)
+
+
+def _check_ds_config(opts: TrainOptions) -> None:
+    if opts.ds_config:
+        read_text(opts.ds_config, "--ds-config", "a DeepSpeed JSON config (zero-kit config -o FILE writes one)")
+
+
+def _check_resume(opts: TrainOptions) -> None:
+    if opts.resume in RESUME_WORDS or not opts.resume:
+        return
+    if not Path(opts.resume).is_dir():
+        raise UserError(
+            f"--resume {opts.resume}: no such checkpoint directory",
+            f"pass --resume auto, --resume never or an existing checkpoint directory (e.g. {opts.output}/checkpoint-N)",
+        )
