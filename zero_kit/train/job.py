@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 
 from zero_kit.dist import barrier, end_process_group, free_port, single_process_env, slurm_to_torch_env, under_launcher
 from zero_kit.errors import UserError
-from zero_kit.train import checkpoint, preflight, universal
-from zero_kit.train.options import EXIT_PREEMPTED, TrainOptions, check_options
+from zero_kit.train import checkpoint, preflight, stopping, universal
+from zero_kit.train.options import TrainOptions, check_options
 from zero_kit.train.relaunch import RELAUNCHED, relaunch
 from zero_kit.train.run import ResolvedRun, resolve_run
 from zero_kit.watchdog import HEARTBEAT_DIR, Heartbeat, nccl_watchdog_env
@@ -33,7 +33,7 @@ class Data(NamedTuple):
 
 
 def run_train(opts: TrainOptions) -> int:
-    """Run `zero-kit train`; returns the process exit code (0, or EXIT_PREEMPTED after SIGTERM)."""
+    """Run `zero-kit train`; returns the process exit code (0; after SIGINT or SIGTERM see train.stopping)."""
     check_options(opts)
     os.environ.update(slurm_to_torch_env(dict(os.environ)))
     if _wants_relaunch(opts):
@@ -102,10 +102,11 @@ def _train(run: ResolvedRun, args, heartbeat: Heartbeat | None) -> int:
     trainer, preemption = _trainer(run, args, model, tokenizer, data, run_info, heartbeat)
     with preflight.disk_errors_as_user_errors(run.output):  # a disk that fills up mid-run: a message, no traceback
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    if preemption.stopped:
-        if run.machine.rank == 0:
-            print(f"zero-kit train: preempted; checkpoint saved, exit {EXIT_PREEMPTED}", file=sys.stderr)
-        return EXIT_PREEMPTED
+    if preemption.stopped:  # SIGINT or SIGTERM: saved; the relaunching parent, if any, prints the last line
+        if run.machine.rank == 0 and not os.environ.get(RELAUNCHED):
+            argv = sys.argv[1:] if run.machine.world_size == 1 else None  # else: an outside launcher's ranks
+            print(stopping.stop_line(preemption.signum, run.output, argv), file=sys.stderr, flush=True)
+        return stopping.exit_code(preemption.signum)
     if run.options.export:
         _export_final(run)
     return 0
@@ -303,7 +304,7 @@ def _trainer(run: ResolvedRun, args, model, tokenizer, data: Data, run_info: dic
     )
 
     throughput = ThroughputCallback(model, seq_len=run.options.max_length, precision=run.precision)
-    preemption = PreemptionCallback()
+    preemption = PreemptionCallback(run.machine.rank)
     callbacks = [
         throughput,
         ProgressCallback(run.output, throughput),
