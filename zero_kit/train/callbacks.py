@@ -134,13 +134,15 @@ class PreemptionCallback(TrainerCallback):
     Ranks may receive the signal at different steps, so they agree through a max all-reduce of the flag at every
     step end; all of them then save the same step. A signal that comes again (a terminal's Ctrl-C reaches a rank
     directly and once more through the supervisor; the deepspeed launcher adds a SIGTERM) is the same request: the
-    handler only records, and the supervisor, not the rank, answers a second Ctrl-C by killing every process.
-    After a stop the handlers stay: a late signal must not cut the rank's final barrier short."""
+    handler only records, and the supervisor, not the rank, answers a second Ctrl-C by killing every process. Only
+    a process that is the whole job (`alone`: one rank, no supervisor above it) takes a second Ctrl-C as "stop at
+    once" itself. After a stop the handlers stay: a late signal must not cut the rank's final barrier short."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, rank: int = 0):
+    def __init__(self, rank: int = 0, alone: bool = False):
         self.rank = rank
+        self.alone = alone
         self.signum: int | None = None
         self.stopped = False
         self._previous = {signum: signal.signal(signum, self._on_signal) for signum in self.SIGNALS}
@@ -151,6 +153,9 @@ class PreemptionCallback(TrainerCallback):
 
     def _on_signal(self, signum, frame):
         # No printing here: the handler may run while this thread is inside a print (a reentrant write raises).
+        if self.alone and signum == signal.SIGINT and self.signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            raise KeyboardInterrupt  # a second Ctrl-C: the CLI reports it; the checkpoint being written stays partial
         self.signum = self.signum or signum
 
     def on_step_end(self, args, state, control, **kwargs):

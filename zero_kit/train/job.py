@@ -304,7 +304,7 @@ def _trainer(run: ResolvedRun, args, model, tokenizer, data: Data, run_info: dic
     )
 
     throughput = ThroughputCallback(model, seq_len=run.options.max_length, precision=run.precision)
-    preemption = PreemptionCallback(run.machine.rank)
+    preemption = PreemptionCallback(run.machine.rank, alone=run.machine.world_size == 1)
     callbacks = [
         throughput,
         ProgressCallback(run.output, throughput),
