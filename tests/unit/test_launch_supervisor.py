@@ -161,8 +161,7 @@ def _stubborn(tmp_path: Path) -> Launch:
 
 def test_a_rank_that_does_not_stop_is_killed_after_the_grace(tmp_path):
     launch = _stubborn(tmp_path)
-    _when_ready = threading.Thread(target=_signal_when(tmp_path / "ready", signal.SIGTERM), daemon=True)
-    _when_ready.start()
+    threading.Thread(target=_signal_when(tmp_path / "ready", signal.SIGTERM), daemon=True).start()
     started = time.monotonic()
     outcome = supervise(launch, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=60, grace=1.0)
     assert outcome.exit_code == 143 and outcome.codes == [-signal.SIGKILL]
@@ -171,8 +170,7 @@ def test_a_rank_that_does_not_stop_is_killed_after_the_grace(tmp_path):
 
 def test_a_second_sigint_kills_at_once(tmp_path):
     launch = _stubborn(tmp_path)
-    _when_ready = threading.Thread(target=_signal_when(tmp_path / "ready", signal.SIGINT, times=2), daemon=True)
-    _when_ready.start()
+    threading.Thread(target=_signal_when(tmp_path / "ready", signal.SIGINT, times=2), daemon=True).start()
     started = time.monotonic()
     outcome = supervise(launch, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=60, grace=50.0)
     assert outcome.exit_code == 130 and outcome.codes == [-signal.SIGKILL]
@@ -201,3 +199,28 @@ def test_launchers_in_our_group_ignore_a_terminals_sigint(tmp_path):
     assert outcome.exit_code == 0 and lines == ["True"]
     supervise(Launch("m", [[PY, "-c", probe]]), output=Output(on_line=lambda i, line: lines.append(line.strip())))
     assert lines == ["True", "False"], "own sessions keep Python's own SIGINT handling"
+
+
+DEAF_ONCE = """
+import pathlib, signal, sys, time
+heard = []
+def hear(signum, frame):
+    heard.append(signum)
+    if len(heard) > 1:
+        sys.exit(75)
+signal.signal(signal.SIGTERM, hear)
+pathlib.Path(sys.argv[1]).write_text("")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_rank_that_missed_the_signal_gets_it_again(tmp_path, monkeypatch):
+    """A rank still starting up may lose the first signal (library code that swallows a KeyboardInterrupt): the
+    supervisor repeats it during the grace, and a rank takes the repeat as the same request."""
+    monkeypatch.setattr("zero_kit.launch.supervisor.RESEND_S", 0.5)
+    (tmp_path / "zk_deaf.py").write_text(DEAF_ONCE)
+    launch = Launch("zk_deaf", [[PY, "-m", "zk_deaf", str(tmp_path / "ready")]])
+    threading.Thread(target=_signal_when(tmp_path / "ready", signal.SIGTERM), daemon=True).start()
+    outcome = supervise(launch, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=60, grace=30.0)
+    assert outcome.codes == [75] and outcome.exit_code == 143

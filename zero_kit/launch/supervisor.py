@@ -37,6 +37,9 @@ EXIT_TIMED_OUT = 124
 """Exit code of a launch ended by its overall timeout (what coreutils' `timeout` returns)."""
 GRACE_S = 60.0
 """How long ranks have after a SIGINT or SIGTERM to finish their step, save and exit, before they are killed."""
+RESEND_S = 5.0
+"""During the grace the signal goes to the ranks again this often: a rank may have missed it (not started yet, or
+inside library code that swallowed a KeyboardInterrupt while it started up); ranks take a repeat as the same request."""
 POLL_S = 0.1
 
 
@@ -112,6 +115,7 @@ class _Run:
         self.grace = grace
         self.stop_by: float | None = None
         """When the grace after the first forwarded signal ends (time.monotonic)."""
+        self.sent_at = 0.0
         self.procs: list[subprocess.Popen] = []
         self.readers: list[threading.Thread] = []
         self.failed_order: list[int] = []
@@ -151,6 +155,8 @@ class _Run:
                 return
             if self.stop_by is not None and time.monotonic() > self.stop_by:
                 return  # the ranks had their chance to save: supervise kills what is left
+            if self.stop_by is not None and time.monotonic() - self.sent_at > RESEND_S:
+                self.signal_ranks(self.signal)
             time.sleep(POLL_S)
 
     def first_failure(self) -> int:
@@ -174,12 +180,7 @@ class _Run:
                 print("zero-kit: a second Ctrl-C: stopping every process at once", file=sys.stderr, flush=True)
                 self.kill_all()
                 return
-        found = _descendants(self.procs)
-        self.known.update((p.pid, p) for p in found)
-        ranks = [p for p in found if _runs_module(p, self.module)]
-        if ranks:
-            for rank in ranks:
-                _signal(rank, signum)
+        if self.signal_ranks(signum):
             return
         # No rank of ours to ask: a launcher that started its ranks elsewhere, or one that has not started them
         # yet. Launchers in our group ignore SIGINT (see the module's docstring): SIGTERM asks them the same.
@@ -187,6 +188,17 @@ class _Run:
         for proc in self.procs:
             if proc.poll() is None:
                 _signal(_process(proc.pid), launcher_signal)
+
+    def signal_ranks(self, signum: int) -> bool:
+        """Send `signum` to every rank of ours (processes running the launch's module); False when there is none."""
+        self.sent_at = time.monotonic()
+        found = _descendants(self.procs)
+        self.known.update((p.pid, p) for p in found)
+        ours = [_process(proc.pid) for proc in self.procs if proc.poll() is None]  # a launch may start ranks itself
+        ranks = [p for p in [*ours, *found] if p is not None and _runs_module(p, self.module)]
+        for rank in ranks:
+            _signal(rank, signum)
+        return bool(ranks)
 
     def kill_all(self) -> None:
         """SIGKILL every process still running and every descendant (torchrun puts each rank into a session of

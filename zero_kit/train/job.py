@@ -66,6 +66,8 @@ def _rank_environment(opts: TrainOptions) -> None:
 
 def _run_rank(opts: TrainOptions) -> int:
     run = resolve_run(opts)  # every decision, before any I/O
+    if run.machine.world_size > 1:  # a signal before training: leave at once, see stopping
+        stopping.leave_at_once_on_signal(run.output, run.machine.rank == 0 and not os.environ.get(RELAUNCHED))
     # TrainingArguments(deepspeed=...) must exist before the model: it registers HfDeepSpeedConfig, so a
     # ZeRO-3 model is built inside deepspeed.zero.Init and no rank ever holds all of it.
     args = _training_arguments(run)

@@ -11,9 +11,12 @@ continues. Light on purpose: the relaunching parent imports it (no torch, no tra
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shlex
 import signal
+import sys
 from pathlib import Path
 
 from zero_kit.train import checkpoint
@@ -65,3 +68,22 @@ def stop_line(signum: int, output: Path, argv: list[str] | None) -> str:
     left = f"checkpoint left: {ckpt} ({output / checkpoint.POINTER})" if ckpt else "no checkpoint written yet"
     again = continue_command(argv) if argv is not None else "the same launch command with --resume auto"
     return f"zero-kit train: {what}{at}, exit {exit_code(signum)}; {left}; continue with: {again}"
+
+
+def leave_at_once_on_signal(output: Path, speak: bool) -> None:
+    """A rank of a multi-rank job before its training starts: SIGINT or SIGTERM ends it at once (there is nothing
+    to save yet, and a KeyboardInterrupt inside a start-up collective would leave its peers waiting for it until
+    the supervisor's grace runs out). callbacks.PreemptionCallback takes over when the Trainer is built. speak: this
+    process prints the last line (rank 0 of ranks an outside launcher started; a relaunching parent prints its own)."""
+
+    def leave(signum, frame):
+        if speak:
+            with contextlib.suppress(RuntimeError):  # a reentrant write, if the signal came inside a print
+                print(stop_line(signum, output, None), file=sys.stderr, flush=True)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(exit_code(signum))
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, leave)
