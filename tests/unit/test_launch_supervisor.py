@@ -224,3 +224,15 @@ def test_a_rank_that_missed_the_signal_gets_it_again(tmp_path, monkeypatch):
     threading.Thread(target=_signal_when(tmp_path / "ready", signal.SIGTERM), daemon=True).start()
     outcome = supervise(launch, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=60, grace=30.0)
     assert outcome.codes == [75] and outcome.exit_code == 143
+
+
+def test_a_rank_that_ignores_sigint_while_it_starts_gets_sigterm(tmp_path):
+    """Ranks below a launcher started with SIGINT ignored inherit that until they install a handler: the forwarded
+    Ctrl-C must still end one that is starting up."""
+    (tmp_path / "zk_starting.py").write_text(STUBBORN.replace("signal.signal(signal.SIGTERM, signal.SIG_IGN)", ""))
+    launch = Launch("zk_starting", [[PY, "-m", "zk_starting", str(tmp_path / "ready")]])
+    threading.Thread(target=_signal_when(tmp_path / "ready", signal.SIGINT), daemon=True).start()
+    started = time.monotonic()
+    outcome = supervise(launch, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=60, grace=30.0)
+    assert outcome.codes == [-signal.SIGTERM] and outcome.exit_code == 130
+    assert time.monotonic() - started < 15

@@ -12,7 +12,8 @@ number (130 for SIGINT, 143 for SIGTERM) whatever its launchers returned, so a s
 With own_groups=False the launchers share our process group, so a terminal's Ctrl-C reaches them as well as the ranks
 and us: they start with SIGINT ignored (the local deepspeed runner has no handler of its own and would die with a
 traceback, orphaning its launcher), and we decide what the signal does. A launcher that installs its own handler (the
-deepspeed `launch.py` SIGTERMs its ranks, which take that as the same request to stop) keeps it.
+deepspeed `launch.py` SIGTERMs its ranks, which take that as the same request to stop) keeps it. Its ranks inherit
+the ignored SIGINT until they install their own handlers: a rank that still ignores it is sent SIGTERM instead.
 """
 
 from __future__ import annotations
@@ -197,7 +198,9 @@ class _Run:
         ours = [_process(proc.pid) for proc in self.procs if proc.poll() is None]  # a launch may start ranks itself
         ranks = [p for p in [*ours, *found] if p is not None and _runs_module(p, self.module)]
         for rank in ranks:
-            _signal(rank, signum)
+            # A rank that still ignores SIGINT (inherited from a launcher started with it ignored, until the rank
+            # installs its own handler) is starting up, with nothing to save yet: SIGTERM ends it.
+            _signal(rank, signal.SIGTERM if signum == signal.SIGINT and _ignores_sigint(rank.pid) else signum)
         return bool(ranks)
 
     def kill_all(self) -> None:
@@ -248,6 +251,16 @@ class _SignalsForwarded:
 def _ignore_sigint() -> None:
     """Run in a launcher between fork and exec: SIG_IGN survives exec, a Python handler would not."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _ignores_sigint(pid: int) -> bool:
+    """Whether the process ignores SIGINT (Linux: the SigIgn mask in /proc/PID/status; elsewhere: assume not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
+    except OSError:
+        return False
+    mask = next((line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), "0")
+    return bool(int(mask, 16) & (1 << (signal.SIGINT - 1)))
 
 
 def _pump(proc: subprocess.Popen, index: int, on_line: Callable[[int, str], None]) -> None:
