@@ -39,8 +39,8 @@ EXIT_TIMED_OUT = 124
 GRACE_S = 60.0
 """How long ranks have after a SIGINT or SIGTERM to finish their step, save and exit, before they are killed."""
 RESEND_S = 5.0
-"""During the grace the signal goes to the ranks again this often: a rank may have missed it (not started yet, or
-inside library code that swallowed a KeyboardInterrupt while it started up); ranks take a repeat as the same request."""
+"""During the grace the signal goes to the ranks again this often: a rank may have missed it (its launcher had not
+started it yet, or it was blocked in a call that never returned to Python); ranks take a repeat as the same request."""
 POLL_S = 0.1
 
 
