@@ -168,8 +168,8 @@ class PreemptionCallback(TrainerCallback):
         if self.rank == 0:
             name = "Ctrl-C (SIGINT)" if self.signum == signal.SIGINT else "SIGTERM"
             again = "; Ctrl-C again stops at once" if self.signum == signal.SIGINT else ""
-            print(f"zero-kit train: {name}: saving a checkpoint of step {state.global_step}, then stopping{again}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(f"zero-kit train: {name} received: saving a checkpoint of step {state.global_step}, then stopping"
+                  f"{again}", file=sys.stderr, flush=True)  # fmt: skip
 
     def on_train_end(self, args, state, control, **kwargs):
         if not self.stopped:
