@@ -10,6 +10,7 @@ import importlib
 import logging
 import os
 import re
+import signal
 import sys
 
 from zero_kit import __version__
@@ -137,8 +138,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zero-kit {args.command}: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
-        print(f"zero-kit {args.command}: interrupted", file=sys.stderr)
+        # Ctrl-C before a run's ranks can stop on their own (start-up, an export). A terminal's Ctrl-C reaches a
+        # rank twice (directly and forwarded by the supervisor): a second one must not cut this branch short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if _speaks_for_the_job():
+            print(f"zero-kit {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
+
+
+def _speaks_for_the_job() -> bool:
+    """The one process that reports a Ctrl-C: not a rank a plain `zero-kit train` relaunched (that parent prints the
+    last line), and only rank 0 of ranks another launcher started."""
+    from zero_kit.train.relaunch import RELAUNCHED
+
+    return not os.environ.get(RELAUNCHED) and os.environ.get("RANK", "0") == "0"
 
 
 def console() -> None:

@@ -1,6 +1,8 @@
 """zero_kit.launch's supervisor with tiny `python` children: the first failure ends the rest, the timeout ends
-everything, SIGTERM and SIGINT reach every rank (also ranks a launcher put into sessions of their own), a stall
-marker becomes the watchdog's exit code, and no child outlives the supervisor."""
+everything, SIGTERM and SIGINT reach every rank (also ranks a launcher put into sessions of their own) and the launch
+then exits 128 + the signal's number, a rank that ignores the signal is killed after the grace, a second SIGINT kills
+at once, launchers in our group ignore a terminal's SIGINT, a stall marker becomes the watchdog's exit code, and no
+child outlives the supervisor."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import psutil
 import pytest
 
 from zero_kit.launch import EXIT_TIMED_OUT, Launch, Output, supervise
+from zero_kit.launch.supervisor import exit_code_for
 from zero_kit.watchdog import EXIT_STALLED, MARKER
 
 PY = sys.executable
@@ -98,7 +101,9 @@ def test_a_signal_reaches_every_rank_and_no_child_survives(tmp_path, signum):
     ranks = _pids(tmp_path, "pid")
     assert len(ranks) == 2 and sorted(_pids(tmp_path, "sig")) == sorted(ranks)
     assert {p.read_text() for p in tmp_path.glob("*.sig")} == {str(int(signum))}
-    assert outcome.exit_code == 75 and outcome.signal == signum and not outcome.timed_out
+    # The ranks exited 75, the launcher passed that on; what the user did decides (issue 30: 130 / 143).
+    assert outcome.codes == [75] and outcome.exit_code == 128 + signum
+    assert outcome.signal == signum and not outcome.timed_out
     assert not any(_alive(pid) for pid in ranks)
     if signum == signal.SIGINT:
         with pytest.raises(KeyboardInterrupt):
@@ -122,3 +127,112 @@ def test_a_stall_marker_turns_the_exit_code_into_exit_stalled(tmp_path, capsys):
     assert "zero-kit train: the stall watchdog ended the job: rank 1 stopped" in capsys.readouterr().err
     clean = supervise(Launch("m", [[PY, "-c", "pass"]]), stall_dir=tmp_path)
     assert clean.exit_code == 0 and clean.stall_report is None
+
+
+@pytest.mark.parametrize(
+    ("signum", "report", "timed_out", "first_failure", "expected"),
+    [
+        (signal.SIGINT, None, False, 1, 130),  # the deepspeed launcher's 1 after a terminal's Ctrl-C
+        (signal.SIGTERM, None, False, 75, 143),
+        (signal.SIGINT, "rank 1 stopped", True, 1, 130),  # the user's action comes first
+        (None, "rank 1 stopped", False, 1, EXIT_STALLED),
+        (None, None, True, -9, EXIT_TIMED_OUT),
+        (None, None, False, 3, 3),
+        (None, None, False, 0, 0),
+    ],
+)
+def test_exit_code_mapping(signum, report, timed_out, first_failure, expected):
+    assert exit_code_for(signum, report, timed_out, first_failure) == expected
+
+
+STUBBORN = """
+import pathlib, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+pathlib.Path(sys.argv[1]).write_text("")
+time.sleep(60)
+"""
+
+
+def _stubborn(tmp_path: Path) -> Launch:
+    (tmp_path / "zk_stubborn.py").write_text(STUBBORN)
+    return Launch("zk_stubborn", [[PY, "-m", "zk_stubborn", str(tmp_path / "ready")]])
+
+
+def test_a_rank_that_does_not_stop_is_killed_after_the_grace(tmp_path):
+    launch = _stubborn(tmp_path)
+    threading.Thread(target=_signal_when(tmp_path / "ready", signal.SIGTERM), daemon=True).start()
+    started = time.monotonic()
+    outcome = supervise(launch, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=60, grace=1.0)
+    assert outcome.exit_code == 143 and outcome.codes == [-signal.SIGKILL]
+    assert time.monotonic() - started < 20
+
+
+def test_a_second_sigint_kills_at_once(tmp_path):
+    launch = _stubborn(tmp_path)
+    threading.Thread(target=_signal_when(tmp_path / "ready", signal.SIGINT, times=2), daemon=True).start()
+    started = time.monotonic()
+    outcome = supervise(launch, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=60, grace=50.0)
+    assert outcome.exit_code == 130 and outcome.codes == [-signal.SIGKILL]
+    assert time.monotonic() - started < 20, "the second Ctrl-C waited for the grace"
+
+
+def _signal_when(ready: Path, signum: int, times: int = 1):
+    def send() -> None:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for _ in range(times):
+            os.kill(os.getpid(), signum)
+            time.sleep(0.3)
+
+    return send
+
+
+def test_launchers_in_our_group_ignore_a_terminals_sigint(tmp_path):
+    """own_groups=False: a launcher without a handler of its own (the local deepspeed runner) must not die of the
+    terminal's Ctrl-C with a traceback; the supervisor forwards the stop to the ranks instead."""
+    probe = "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+    lines: list[str] = []
+    outcome = supervise(Launch("m", [[PY, "-c", probe]]), own_groups=False,
+                        output=Output(on_line=lambda i, line: lines.append(line.strip())))  # fmt: skip
+    assert outcome.exit_code == 0 and lines == ["True"]
+    supervise(Launch("m", [[PY, "-c", probe]]), output=Output(on_line=lambda i, line: lines.append(line.strip())))
+    assert lines == ["True", "False"], "own sessions keep Python's own SIGINT handling"
+
+
+DEAF_ONCE = """
+import pathlib, signal, sys, time
+heard = []
+def hear(signum, frame):
+    heard.append(signum)
+    if len(heard) > 1:
+        sys.exit(75)
+signal.signal(signal.SIGTERM, hear)
+pathlib.Path(sys.argv[1]).write_text("")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_rank_that_missed_the_signal_gets_it_again(tmp_path, monkeypatch):
+    """A rank still starting up may lose the first signal (library code that swallows a KeyboardInterrupt): the
+    supervisor repeats it during the grace, and a rank takes the repeat as the same request."""
+    monkeypatch.setattr("zero_kit.launch.supervisor.RESEND_S", 0.5)
+    (tmp_path / "zk_deaf.py").write_text(DEAF_ONCE)
+    launch = Launch("zk_deaf", [[PY, "-m", "zk_deaf", str(tmp_path / "ready")]])
+    threading.Thread(target=_signal_when(tmp_path / "ready", signal.SIGTERM), daemon=True).start()
+    outcome = supervise(launch, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=60, grace=30.0)
+    assert outcome.codes == [75] and outcome.exit_code == 143
+
+
+def test_a_rank_that_ignores_sigint_while_it_starts_gets_sigterm(tmp_path):
+    """Ranks below a launcher started with SIGINT ignored inherit that until they install a handler: the forwarded
+    Ctrl-C must still end one that is starting up."""
+    (tmp_path / "zk_starting.py").write_text(STUBBORN.replace("signal.signal(signal.SIGTERM, signal.SIG_IGN)", ""))
+    launch = Launch("zk_starting", [[PY, "-m", "zk_starting", str(tmp_path / "ready")]])
+    threading.Thread(target=_signal_when(tmp_path / "ready", signal.SIGINT), daemon=True).start()
+    started = time.monotonic()
+    outcome = supervise(launch, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=60, grace=30.0)
+    assert outcome.codes == [-signal.SIGTERM] and outcome.exit_code == 130
+    assert time.monotonic() - started < 15

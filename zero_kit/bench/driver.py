@@ -1,11 +1,16 @@
 """The driver behind `zero-kit bench`: a real launch per strategy (on this host, across a hostfile's hosts, or
 across a SLURM allocation: see placement.py), progress display, then JSONL + markdown table + PNG plots
-(zero_kit.bench.report). Every strategy of one run lands in one results directory."""
+(zero_kit.bench.report). Every strategy of one run lands in one results directory.
+
+SIGINT (Ctrl-C) or SIGTERM reaches every rank of the strategy running (zero_kit.launch.supervise); the strategies
+already finished are written as usual, one last line says what happened, and the process exits 128 + the signal's
+number (130, 143) as the signal would have ended it."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -19,7 +24,8 @@ RUN_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED"
 
 
 def _run_one(strategy: str, opts: BenchOptions, index: int, out_dir: Path, where: Placement, progress):
-    """Launch one strategy; returns (record or None, log path). Progress lines from rank 0 go to `progress`."""
+    """Launch one strategy; returns (record or None, log path, the signal that stopped it or None). Progress lines
+    from rank 0 go to `progress`."""
     import tempfile
 
     from zero_kit.launch import Launcher, Output, launch_commands, supervise
@@ -45,16 +51,15 @@ def _run_one(strategy: str, opts: BenchOptions, index: int, out_dir: Path, where
                     progress(line[len(PROGRESS) :].strip())
 
         outcome = supervise(launch, env=env, timeout=opts.timeout, output=Output(on_line=on_line))
-    outcome.reraise()  # Ctrl-C or SIGTERM ends the whole bench, not just this strategy
     with open(record_path, encoding="utf-8") as f:
         lines = f.read().splitlines()
     os.unlink(record_path)
     if outcome.exit_code != 0 or not lines:
-        return None, str(log_path)
+        return None, str(log_path), outcome.signal
     record = json.loads(lines[-1])
     record["command"] = " ;; ".join(" ".join(argv) for argv in launch.argvs)
     record["launch"] = where.describe()
-    return record, str(log_path)
+    return record, str(log_path), None
 
 
 def run_bench(opts: BenchOptions, progress=None) -> list[dict]:
@@ -74,7 +79,22 @@ def run_bench(opts: BenchOptions, progress=None) -> list[dict]:
     for index, name in enumerate(names):
         how = f"{where.nodes} node(s) x {where.ranks_per_node} rank(s), {where.mode}"
         progress(f"[{index + 1}/{len(names)}] launching {name} on {how}")
-        record, log_path = _run_one(name, opts, index, out_dir, where, progress)
+        record, log_path, stopped_by = _run_one(name, opts, index, out_dir, where, progress)
+        if stopped_by is not None:  # Ctrl-C or SIGTERM ends the whole bench, not just this strategy
+            _stop(stopped_by, name, records, out_dir)
         records.append(record or failed_record(name, opts, log_path))
     write_outputs(records, out_dir)
     return records
+
+
+def _stop(signum: int, running: str, finished: list[dict], out_dir: Path):
+    """Keep what the finished strategies measured, say what happened last, and end as the signal would have."""
+    from zero_kit.bench.report import write_outputs
+
+    what = "stopped by Ctrl-C (SIGINT)" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    kept = "no strategy had finished"
+    if finished:
+        write_outputs(finished, out_dir)
+        kept = f"results of the {len(finished)} finished strateg{'y' if len(finished) == 1 else 'ies'} in {out_dir}"
+    print(f"zero-kit bench: {what} during {running}, exit {128 + signum}; {kept}", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)

@@ -5,7 +5,15 @@ it: whatever is left when it returns (also ranks a launcher put into sessions of
 Signals go to the ranks themselves (the processes whose `python -m` module is the launch's module), not to the
 launchers between: the deepspeed launcher answers a SIGTERM by killing its ranks and exiting 1, so a preempted
 rank could not save and exit 75; a launcher that started its ranks elsewhere (pdsh, ssh, srun) gets the signal
-itself. A second SIGINT kills everything at once.
+itself. After the first signal the ranks have a grace period (`grace`) to save and leave; then, or at a second
+SIGINT (Ctrl-C pressed again), everything is killed at once. A launch ended by a signal exits 128 + the signal's
+number (130 for SIGINT, 143 for SIGTERM) whatever its launchers returned, so a shell sees what the user did.
+
+With own_groups=False the launchers share our process group, so a terminal's Ctrl-C reaches them as well as the ranks
+and us: they start with SIGINT ignored (the local deepspeed runner has no handler of its own and would die with a
+traceback, orphaning its launcher), and we decide what the signal does. A launcher that installs its own handler (the
+deepspeed `launch.py` SIGTERMs its ranks, which take that as the same request to stop) keeps it. Its ranks inherit
+the ignored SIGINT until they install their own handlers: a rank that still ignores it is sent SIGTERM instead.
 """
 
 from __future__ import annotations
@@ -28,7 +36,23 @@ from zero_kit.watchdog import EXIT_STALLED, read_marker
 
 EXIT_TIMED_OUT = 124
 """Exit code of a launch ended by its overall timeout (what coreutils' `timeout` returns)."""
+GRACE_S = 60.0
+"""How long ranks have after a SIGINT or SIGTERM to finish their step, save and exit, before they are killed."""
+RESEND_S = 5.0
+"""During the grace the signal goes to the ranks again this often: a rank may have missed it (its launcher had not
+started it yet, or it was blocked in a call that never returned to Python); ranks take a repeat as the same request."""
 POLL_S = 0.1
+
+
+def exit_code_for(signum: int | None, stall_report: str | None, timed_out: bool, first_failure: int) -> int:
+    """The launch's exit code: what the user did comes first (128 + the signal's number, as a shell reports a
+    process ended by it, whatever the launchers returned meanwhile), then the watchdog's stall, then the timeout,
+    then the first failing process's code (0: every process succeeded)."""
+    if signum is not None:
+        return 128 + signum
+    if stall_report:
+        return EXIT_STALLED
+    return EXIT_TIMED_OUT if timed_out else first_failure
 
 
 @dataclass(frozen=True)
@@ -36,7 +60,7 @@ class Outcome:
     codes: list[int]
     """Each process's exit code, in the launch's order (negative: ended by that signal)."""
     exit_code: int
-    """EXIT_STALLED with a stall report, EXIT_TIMED_OUT after the timeout, else the first failure's code or 0."""
+    """See exit_code_for: 130/143 after SIGINT/SIGTERM, EXIT_STALLED, EXIT_TIMED_OUT, the first failure's code, 0."""
     timed_out: bool = False
     stall_report: str | None = None
     signal: int | None = None
@@ -60,15 +84,16 @@ class Output:
 
 def supervise(launch: Launch, *, env: dict[str, str] | None = None, timeout: float | None = None,
               output: Output | None = None, own_groups: bool = True, stall_dir: Path | None = None,
-              name: str = "zero-kit") -> Outcome:  # fmt: skip
+              name: str = "zero-kit", grace: float = GRACE_S) -> Outcome:  # fmt: skip
     """Run `launch` to its end. `env`: the processes' whole environment (default os.environ), launch.env added.
     own_groups: each process in a session of its own (False: in ours, so that whoever kills our process group,
     a scheduler or an OOM killer, kills the ranks with us). stall_dir: the job's heartbeat directory; when the
-    watchdog ended the job there, its report is printed as `NAME: the stall watchdog ended the job: ...`."""
+    watchdog ended the job there, its report is printed as `NAME: the stall watchdog ended the job: ...`.
+    grace: seconds the ranks have after a forwarded signal before everything is killed."""
     launch.write_files()
     full_env = {**(os.environ if env is None else env), **launch.env}
     started = time.time()
-    run = _Run(launch.module, own_groups)
+    run = _Run(launch.module, own_groups, grace)
     with run.signals_forwarded():
         try:
             run.start(launch.argvs, full_env, output or Output())
@@ -80,14 +105,18 @@ def supervise(launch: Launch, *, env: dict[str, str] | None = None, timeout: flo
     report = read_marker(stall_dir, started) if stall_dir is not None and any(codes) else None
     if report is not None:
         print(f"{name}: the stall watchdog ended the job: {report}", file=sys.stderr, flush=True)
-    exit_code = EXIT_STALLED if report else EXIT_TIMED_OUT if run.timed_out else run.first_failure()
+    exit_code = exit_code_for(run.signal, report, run.timed_out, run.first_failure())
     return Outcome(codes, exit_code, run.timed_out, report, run.signal)
 
 
 class _Run:
-    def __init__(self, module: str, own_groups: bool) -> None:
+    def __init__(self, module: str, own_groups: bool, grace: float = GRACE_S) -> None:
         self.module = module
         self.own_groups = own_groups
+        self.grace = grace
+        self.stop_by: float | None = None
+        """When the grace after the first forwarded signal ends (time.monotonic)."""
+        self.sent_at = 0.0
         self.procs: list[subprocess.Popen] = []
         self.readers: list[threading.Thread] = []
         self.failed_order: list[int] = []
@@ -102,7 +131,8 @@ class _Run:
             sink = output.files[index] if output.files else subprocess.PIPE if output.on_line else None
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=sink,
                                     stderr=subprocess.STDOUT if sink is not None else None, text=True,
-                                    start_new_session=self.own_groups)  # fmt: skip
+                                    start_new_session=self.own_groups,
+                                    preexec_fn=None if self.own_groups else _ignore_sigint)  # fmt: skip
             self.procs.append(proc)
             if output.on_line:
                 reader = threading.Thread(target=_pump, args=(proc, index, output.on_line), daemon=True)
@@ -111,7 +141,7 @@ class _Run:
 
     def wait(self, timeout: float | None) -> None:
         """Until every process ended, one failed (the others are then killed: a rank that lost its peers would
-        wait for them until its collective timeout), or `timeout` seconds passed."""
+        wait for them until its collective timeout), `timeout` seconds passed, or the grace after a signal ended."""
         deadline = None if timeout is None else time.monotonic() + timeout
         for turn in itertools.count():
             if turn % 5 == 0:
@@ -124,6 +154,10 @@ class _Run:
             if deadline is not None and time.monotonic() > deadline:
                 self.timed_out = True
                 return
+            if self.stop_by is not None and time.monotonic() > self.stop_by:
+                return  # the ranks had their chance to save: supervise kills what is left
+            if self.stop_by is not None and time.monotonic() - self.sent_at > RESEND_S:
+                self.signal_ranks(self.signal)
             time.sleep(POLL_S)
 
     def first_failure(self) -> int:
@@ -136,15 +170,38 @@ class _Run:
         return _SignalsForwarded(self)
 
     def forward(self, signum: int) -> None:
+        """The first signal goes to every rank (they finish their step, save and exit) and starts the grace; a
+        second SIGINT kills everything at once. Ranks take a repeated signal as the same request."""
         self.signal = self.signal or signum
+        if self.stop_by is None:
+            self.stop_by = time.monotonic() + self.grace
         if signum == signal.SIGINT:
             self.interrupts += 1
             if self.interrupts > 1:
+                print("zero-kit: a second Ctrl-C: stopping every process at once", file=sys.stderr, flush=True)
                 self.kill_all()
                 return
-        ranks = [p for p in _descendants(self.procs) if _runs_module(p, self.module)]
-        for target in ranks or [_process(proc.pid) for proc in self.procs if proc.poll() is None]:
-            _signal(target, signum)
+        if self.signal_ranks(signum):
+            return
+        # No rank of ours to ask: a launcher that started its ranks elsewhere, or one that has not started them
+        # yet. Launchers in our group ignore SIGINT (see the module's docstring): SIGTERM asks them the same.
+        launcher_signal = signum if self.own_groups else signal.SIGTERM
+        for proc in self.procs:
+            if proc.poll() is None:
+                _signal(_process(proc.pid), launcher_signal)
+
+    def signal_ranks(self, signum: int) -> bool:
+        """Send `signum` to every rank of ours (processes running the launch's module); False when there is none."""
+        self.sent_at = time.monotonic()
+        found = _descendants(self.procs)
+        self.known.update((p.pid, p) for p in found)
+        ours = [_process(proc.pid) for proc in self.procs if proc.poll() is None]  # a launch may start ranks itself
+        ranks = [p for p in [*ours, *found] if p is not None and _runs_module(p, self.module)]
+        for rank in ranks:
+            # A rank that still ignores SIGINT (inherited from a launcher started with it ignored, until the rank
+            # installs its own handler) is starting up, with nothing to save yet: SIGTERM ends it.
+            _signal(rank, signal.SIGTERM if signum == signal.SIGINT and _ignores_sigint(rank.pid) else signum)
+        return bool(ranks)
 
     def kill_all(self) -> None:
         """SIGKILL every process still running and every descendant (torchrun puts each rank into a session of
@@ -189,6 +246,21 @@ class _SignalsForwarded:
     def __exit__(self, *exc) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+
+
+def _ignore_sigint() -> None:
+    """Run in a launcher between fork and exec: SIG_IGN survives exec, a Python handler would not."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _ignores_sigint(pid: int) -> bool:
+    """Whether the process ignores SIGINT (Linux: the SigIgn mask in /proc/PID/status; elsewhere: assume not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
+    except OSError:
+        return False
+    mask = next((line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), "0")
+    return bool(int(mask, 16) & (1 << (signal.SIGINT - 1)))
 
 
 def _pump(proc: subprocess.Popen, index: int, on_line: Callable[[int, str], None]) -> None:

@@ -1,5 +1,5 @@
 """Trainer callbacks of `zero-kit train`: progress and JSONL log (rank 0), complete-checkpoint marking,
-and SIGTERM preemption (finish the step, save, stop)."""
+and a stop on SIGINT or SIGTERM (finish the step, save, stop: zero_kit.train.stopping)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from transformers import TrainerCallback
 from zero_kit.dist import any_rank, barrier
 from zero_kit.errors import UserError
 from zero_kit.train import checkpoint
-
-LOG_FILE = "train_log.jsonl"
+from zero_kit.train.stopping import LOG_FILE
 
 
 class ProgressCallback(TrainerCallback):
@@ -154,28 +153,53 @@ class HeartbeatCallback(TrainerCallback):
 
 
 class PreemptionCallback(TrainerCallback):
-    """SIGTERM (SLURM's notice before preemption) -> finish the current step, save a complete checkpoint, stop.
+    """SIGINT (Ctrl-C) or SIGTERM (SLURM's notice before preemption) -> finish the current step, save a complete
+    checkpoint, stop; `signum` says which came first, and the job exits with stopping.exit_code(signum).
 
-    Ranks may receive the signal at different steps, so they agree through a max all-reduce of the flag
-    at every step end; all of them then save the same step. The CLI exits with EXIT_PREEMPTED."""
+    Ranks may receive the signal at different steps, so they agree through a max all-reduce of the flag at every
+    step end; all of them then save the same step. A signal that comes again (a terminal's Ctrl-C reaches a rank
+    directly and once more through the supervisor; the deepspeed launcher adds a SIGTERM) is the same request: the
+    handler only records, and the supervisor, not the rank, answers a second Ctrl-C by killing every process. Only
+    a process that is the whole job (`alone`: one rank, no supervisor above it) takes a second Ctrl-C as "stop at
+    once" itself. After a stop the handlers stay: a late signal must not cut the rank's final barrier short."""
 
-    def __init__(self):
-        self.requested = False
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, rank: int = 0, alone: bool = False):
+        self.rank = rank
+        self.alone = alone
+        self.signum: int | None = None
         self.stopped = False
-        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._previous = {signum: signal.signal(signum, self._on_signal) for signum in self.SIGNALS}
 
-    def _on_sigterm(self, signum, frame):
-        self.requested = True
-        print("zero-kit train: SIGTERM received, saving a checkpoint after this step", file=sys.stderr, flush=True)
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _on_signal(self, signum, frame):
+        # No printing here: the handler may run while this thread is inside a print (a reentrant write raises).
+        if self.alone and signum == signal.SIGINT and self.signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            raise KeyboardInterrupt  # a second Ctrl-C: the CLI reports it; the checkpoint being written stays partial
+        self.signum = self.signum or signum
 
     def on_step_end(self, args, state, control, **kwargs):
-        if any_rank(self.requested):
-            self.stopped = True
-            control.should_save = True
-            control.should_training_stop = True
+        if self.stopped or not any_rank(self.requested):
+            return
+        self.stopped = True
+        self.signum = self.signum or signal.SIGTERM  # a peer was asked; this rank got nothing (yet)
+        control.should_save = True
+        control.should_training_stop = True
+        if self.rank == 0:
+            name = "Ctrl-C (SIGINT)" if self.signum == signal.SIGINT else "SIGTERM"
+            again = "; Ctrl-C again stops at once" if self.signum == signal.SIGINT else ""
+            print(f"zero-kit train: {name} received: saving a checkpoint of step {state.global_step}, then stopping"
+                  f"{again}", file=sys.stderr, flush=True)  # fmt: skip
 
     def on_train_end(self, args, state, control, **kwargs):
-        signal.signal(signal.SIGTERM, self._previous)
+        if not self.stopped:
+            for signum, handler in self._previous.items():
+                signal.signal(signum, handler)
 
 
 class ThroughputCallback(TrainerCallback):

@@ -18,9 +18,9 @@ from typing import Any, NamedTuple
 from zero_kit.dist import barrier, end_process_group, free_port, single_process_env, slurm_to_torch_env, under_launcher
 from zero_kit.errors import UserError
 from zero_kit.model import check_trusted
-from zero_kit.train import checkpoint, preflight, resume, universal
+from zero_kit.train import checkpoint, preflight, resume, stopping, universal
 from zero_kit.train.inputs import check_inputs
-from zero_kit.train.options import EXIT_PREEMPTED, TrainOptions, check_options
+from zero_kit.train.options import TrainOptions, check_options
 from zero_kit.train.relaunch import RELAUNCHED, relaunch
 from zero_kit.train.run import ResolvedRun, resolve_run
 from zero_kit.watchdog import HEARTBEAT_DIR, Heartbeat, nccl_watchdog_env
@@ -35,7 +35,7 @@ class Data(NamedTuple):
 
 
 def run_train(opts: TrainOptions) -> int:
-    """Run `zero-kit train`; returns the process exit code (0, or EXIT_PREEMPTED after SIGTERM)."""
+    """Run `zero-kit train`; returns the process exit code (0; after SIGINT or SIGTERM see train.stopping)."""
     check_options(opts)
     check_inputs(opts)  # data, model, output, hostfile: before the relaunch, an op build or any deletion
     check_trusted(opts.model, opts.trust_remote_code)  # before a launcher starts ranks that would each refuse it
@@ -74,6 +74,8 @@ def _rank_environment(opts: TrainOptions) -> None:
 
 def _run_rank(opts: TrainOptions) -> int:
     run = resolve_run(opts)  # every decision, before any I/O
+    if run.machine.world_size > 1:  # a signal before training: leave at once, see stopping
+        stopping.leave_at_once_on_signal(run.output, run.machine.rank == 0 and not os.environ.get(RELAUNCHED))
     # TrainingArguments(deepspeed=...) must exist before the model: it registers HfDeepSpeedConfig, so a
     # ZeRO-3 model is built inside deepspeed.zero.Init and no rank ever holds all of it.
     args = _training_arguments(run)
@@ -111,10 +113,11 @@ def _train(run: ResolvedRun, args, heartbeat: Heartbeat | None) -> int:
     _clear_earlier(run)  # the model, the data and the Trainer are built: now earlier work may go
     with preflight.disk_errors_as_user_errors(run.output):  # a disk that fills up mid-run: a message, no traceback
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    if preemption.stopped:
-        if run.machine.rank == 0:
-            print(f"zero-kit train: preempted; checkpoint saved, exit {EXIT_PREEMPTED}", file=sys.stderr)
-        return EXIT_PREEMPTED
+    if preemption.stopped:  # SIGINT or SIGTERM: saved; the relaunching parent, if any, prints the last line
+        if run.machine.rank == 0 and not os.environ.get(RELAUNCHED):
+            argv = sys.argv[1:] if run.machine.world_size == 1 else None  # else: an outside launcher's ranks
+            print(stopping.stop_line(preemption.signum, run.output, argv), file=sys.stderr, flush=True)
+        return stopping.exit_code(preemption.signum)
     if run.options.export:
         _export_final(run)
     return 0
@@ -318,7 +321,7 @@ def _trainer(run: ResolvedRun, args, model, tokenizer, data: Data, run_info: dic
     )
 
     throughput = ThroughputCallback(model, seq_len=run.options.max_length, precision=run.precision)
-    preemption = PreemptionCallback()
+    preemption = PreemptionCallback(run.machine.rank, alone=run.machine.world_size == 1)
     callbacks = [
         throughput,
         ProgressCallback(run.output, throughput),

@@ -1,6 +1,7 @@
 """`zero-kit train --nproc N` (or `--hostfile`) started plainly: run the same job again under the `deepspeed`
-launcher, through zero_kit.launch (one supervisor: SIGTERM, preemption, goes straight to every rank, which saves and
-exits 75; a stall ends the job with the watchdog's report and EXIT_STALLED)."""
+launcher, through zero_kit.launch (one supervisor: SIGINT and SIGTERM go straight to every rank, which finishes its
+step, saves and exits; this process then prints the one last line and exits 130 or 75, see zero_kit.train.stopping;
+a stall ends the job with the watchdog's report and EXIT_STALLED)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from zero_kit.dist import RENDEZVOUS_PORT, free_port
 from zero_kit.launch import Launch, Launcher, from_hostfile, launch_commands, local, redact_argv, supervise
 from zero_kit.options import options_to_argv
+from zero_kit.train import stopping
 from zero_kit.train.options import TrainOptions
 from zero_kit.watchdog import HEARTBEAT_DIR
 
@@ -34,8 +36,9 @@ def relaunch_command(opts: TrainOptions, nproc: int | None, port: int) -> list[s
     return relaunch_plan(opts, nproc, port).argvs[0]
 
 
-def relaunch(opts: TrainOptions, nproc: int | None) -> int:
-    """Run the same job under the `deepspeed` launcher and return its exit code."""
+def relaunch(opts: TrainOptions, nproc: int | None, argv: list[str] | None = None) -> int:
+    """Run the same job under the `deepspeed` launcher and return its exit code. argv: this command's arguments,
+    for the command that continues a stopped run (default: sys.argv)."""
     env = {**os.environ, RELAUNCHED: "1", "PYTHONUNBUFFERED": "1"}
     # With a hostfile the rendezvous is on the first host, whose free ports this host cannot see.
     port = opts.master_port or (RENDEZVOUS_PORT if opts.hostfile else free_port())
@@ -44,4 +47,10 @@ def relaunch(opts: TrainOptions, nproc: int | None) -> int:
     # The ranks stay in our process group: whoever ends this job by its group (a scheduler, a test) ends them too.
     outcome = supervise(plan, env=env, own_groups=False, stall_dir=Path(opts.output) / HEARTBEAT_DIR,
                         name="zero-kit train")  # fmt: skip
-    return outcome.exit_code
+    if outcome.signal is None:
+        return outcome.exit_code
+    # The ranks' and launchers' own codes say little here (the deepspeed launcher exits 1 when a terminal's Ctrl-C
+    # reached it too): what the user did decides, and the line is printed once, after every process ended.
+    print(stopping.stop_line(outcome.signal, Path(opts.output), sys.argv[1:] if argv is None else argv),
+          file=sys.stderr, flush=True)  # fmt: skip
+    return stopping.exit_code(outcome.signal)

@@ -1,0 +1,113 @@
+"""Issue 30, cases 3 and 4: a signal stops a two-rank `zero-kit train --nproc 2` (the real deepspeed launcher, the
+embedded model, gloo on CPU) once and cleanly, however it is sent:
+  1. SIGINT to the `zero-kit` process only (a wrapper script, a notebook's stop button): exit 130;
+  2. SIGINT to the whole process group (Ctrl-C in a terminal: the launchers and both ranks get it too): exit 130;
+  3. SIGTERM to the `zero-kit` process (a scheduler's notice): exit 75 (EXIT_PREEMPTED).
+Each time every rank finishes its step and saves it, the last line (printed once) names what happened, the step, the
+checkpoint left and the command that continues, there is no traceback, and no process of the job (the launcher, both
+ranks, their watchdogs) is alive afterwards. The cases share one output directory and each runs the command the
+previous one printed, so `--resume auto` is proven to continue exactly where the signal stopped the run.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+from tests.support.jobs import FAST, env, kill_group, start, survivors, wait_for, zero_kit
+from tests.support.runs import logged_steps, pointer, resumed_from
+from zero_kit.train.options import EXIT_PREEMPTED
+
+pytestmark = pytest.mark.dist
+STOP_S = 60  # from the signal to the command's exit: one step, one small save, the launcher's 1 s poll
+TIMEOUT_S = 300
+# (case, signal, to the whole process group, exit code, the last line starts with)
+CASES = [
+    ("sigint_to_the_command", signal.SIGINT, False, 130, "zero-kit train: stopped by Ctrl-C (SIGINT) at step "),
+    ("ctrl_c_in_a_terminal", signal.SIGINT, True, 130, "zero-kit train: stopped by Ctrl-C (SIGINT) at step "),
+    ("sigterm", signal.SIGTERM, False, EXIT_PREEMPTED, "zero-kit train: preempted (SIGTERM) at step "),
+]
+
+
+class Descendants:
+    """Every process the job started, seen while it runs (a leftover may have lost its parent by the end)."""
+
+    def __init__(self, pid: int) -> None:
+        self.root = psutil.Process(pid)
+        self.seen: dict[int, psutil.Process] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.done.is_set():
+            try:
+                self.seen.update((p.pid, p) for p in self.root.children(recursive=True))
+            except psutil.Error:
+                return
+            time.sleep(0.05)
+
+    def alive(self) -> list[str]:
+        self.done.set()
+        self.thread.join(5)
+        left = []
+        for proc in self.seen.values():
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    left.append(" ".join(proc.cmdline()[:6]))
+                    proc.kill()  # do not leave it to the next test; the assertion reports it
+            except psutil.Error:
+                continue
+        return left
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("zk_signals") / "run"
+    # No periodic save within reach: a checkpoint of the stop step proves the stop saved it.
+    argv = zero_kit("train", "--nproc", "2", "--output", str(out), "--max-steps", "200", "--save-steps", "100", *FAST)
+    return {"out": out, "argv": argv}
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[case[0] for case in CASES])
+def test_a_signal_stops_every_rank_once(chain, index, tmp_path):
+    name, signum, whole_group, code, last_line = CASES[index]
+    out = chain["out"]
+    started = time.monotonic()
+    job = start(chain.get("continue", chain["argv"]), tmp_path / f"{name}.log", env=env())
+    watch = Descendants(job.proc.pid)
+    try:
+        steps_before = len(logged_steps(out))
+        wait_for(lambda: len(logged_steps(out)) >= steps_before + 2, "two steps", job, timeout=TIMEOUT_S)
+        (os.killpg if whole_group else os.kill)(job.proc.pid, signum)
+        sent = time.monotonic()
+        exit_code = job.proc.wait(timeout=STOP_S)
+        stop_s = time.monotonic() - sent
+    finally:
+        left = watch.alive()
+        kill_group(job.proc)
+    text = job.text()
+    print(f"\n{name}: exit {exit_code} {stop_s:.1f} s after the signal; {time.monotonic() - started:.1f} s in all")
+    assert exit_code == code, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert left == [] and survivors(job.proc.pid) == [], f"outlived the command: {left}"
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines[-1].startswith(last_line), text[-3000:]
+    assert sum("zero-kit train: stopped by" in line or "zero-kit train: preempted" in line for line in lines) == 1
+    assert "interrupted" not in text, "a rank reported the Ctrl-C on its own"
+    step = logged_steps(out)[-1]
+    assert f" at step {step}, exit {code}; checkpoint left: {out / f'checkpoint-{step}'} (" in lines[-1]
+    assert pointer(out) == f"checkpoint-{step}", "the stop did not leave a complete checkpoint of its step"
+    command = lines[-1].split("; continue with: ")[1]
+    assert command.endswith(" --resume auto") and command.startswith("zero-kit train --nproc 2 ")
+    if "stopped_at" in chain:
+        assert resumed_from(text) == chain["stopped_at"], "the printed command did not continue at the stop"
+    chain["stopped_at"] = step
+    chain["continue"] = zero_kit(*shlex.split(command)[1:])
+    assert stop_s < STOP_S
