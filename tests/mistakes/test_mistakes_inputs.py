@@ -127,7 +127,7 @@ CASES = {
     "train values no run can use": Case((*TRAIN, "--lora-r", "8", "--lora-dropout", "1.5"), ("--lora-dropout",)),
     "train --lr 0": Case((*TRAIN, "--lr", "0"), ("--lr must be > 0",)),
     "train missing ds-config": Case((*TRAIN, "--ds-config", "nope.json"), ("--ds-config nope.json",)),
-    # export: its cases are the checkpoint helper's (export reads CHECKPOINT_DIR only after importing deepspeed)
+    # export: tests/mistakes/test_mistakes_checkpoints.py (they need a real checkpoint)
     # bench
     "bench --out unwritable": Case(("bench", "--out", "/proc/b"), ("--out /proc/b", "fix:")),
     "bench --out foreign dir": Case(("bench", "--out", "results"), ("--out results", "did not write", "--force")),
