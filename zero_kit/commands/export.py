@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zero_kit.train.export import AnonPeak, check_export, describe, export_checkpoint, peak_rss_mib
+    from zero_kit.train.export import AnonPeak, describe, export_checkpoint, peak_rss_mib
+    from zero_kit.train.export_checks import check_export
 
     check_export(
         Path(args.checkpoint), Path(args.out), force=args.force, trust_remote_code=args.trust_remote_code

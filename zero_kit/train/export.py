@@ -1,8 +1,8 @@
 """ZeRO checkpoint -> plain Hugging Face directory (safetensors + config + tokenizer), or a peft LoRA adapter.
 
 Streams: DeepSpeed's `get_fp32_state_dict_from_zero_checkpoint(lazy_mode=True)` maps the optimizer shards
-(torch.load mmap, made weights_only here: a checkpoint is data, never code) and hands back lazy tensors; we materialize one output shard at a time, write it, and
-drop it, so host memory stays near the largest shard rather than the whole model. Every tensor's shape is
+(torch.load mmap, made weights_only here: a checkpoint is data, never code) and hands back lazy tensors; we
+materialize one output shard at a time, write it, and drop it, so host memory stays near the largest shard rather than the whole model. Every tensor's shape is
 checked against the model config (a ZeRO-3 export must never write an empty or mis-shaped tensor).
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from zero_kit.errors import UserError
-from zero_kit.train import checkpoint
+from zero_kit.train.export_checks import check_export
 
 PEFT_PREFIX = "base_model.model."
 DTYPES = ("fp32", "bf16", "fp16")
@@ -62,10 +62,6 @@ def _rss_anon_mib() -> float:
     return 0.0
 
 
-EXPORT_MARK = ".zero_kit_export"
-"""In every directory an export wrote: a later export may replace it without --force."""
-
-
 def export_checkpoint(
     checkpoint_dir: Path,
     out_dir: Path,
@@ -95,78 +91,6 @@ def export_checkpoint(
         _write_adapter(lazy, options, config, out_dir, dtype, max_shard_mib)
     zk_model.load_tokenizer(options.get("model"), trust_remote_code=trust_remote_code).save_pretrained(out_dir)
     return out_dir
-
-
-def check_export(checkpoint_dir: Path, out_dir: Path, *, force: bool = False, trust_remote_code: bool = False) -> dict:
-    """The cheap checks of an export, before any library is loaded or shard read: the checkpoint is a complete
-    zero-kit one (its run record is returned), its --model names no code of its own unless trust_remote_code, and
-    `out_dir` is empty, an earlier export's, or --force; then `out_dir` is created with the export's mark (the
-    first write, so an unwritable path is said in the first second too)."""
-    from zero_kit.model import check_trusted
-
-    info = _run_info(Path(checkpoint_dir))
-    check_trusted(info["options"].get("model"), trust_remote_code)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out {out_dir}: a file is there, not a directory", "give a directory path to --out")
-    owned = (out_dir / EXPORT_MARK).is_file()
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not owned and not force:
-        raise UserError(
-            f"--out {out_dir}: the directory is not empty and zero-kit did not write it",
-            "give a new or empty directory, or add --force to write into it (files of the same names are replaced)",
-        )
-    _make_out_dir(out_dir)
-    return info
-
-
-def _make_out_dir(out_dir: Path) -> None:
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / EXPORT_MARK).write_text("written by zero-kit export\n", encoding="utf-8")
-    except OSError as err:
-        raise UserError(
-            f"--out {out_dir}: cannot write there ({err.strerror or err})", "give a directory you can write to"
-        ) from None
-
-
-def _run_info(checkpoint_dir: Path) -> dict:
-    if not checkpoint.is_complete(checkpoint_dir):
-        problem, fix = _not_a_checkpoint(checkpoint_dir)
-        raise UserError(f"{checkpoint_dir}: {problem}", fix)
-    from zero_kit.lint import Unreadable, read_config
-
-    path = checkpoint_dir / checkpoint.RUN_INFO
-    try:
-        info, duplicates = read_config(path)
-    except Unreadable as err:
-        raise UserError(
-            f"{checkpoint_dir}: cannot read {err.where(checkpoint.RUN_INFO)} ({err})", "re-save the checkpoint"
-        ) from None
-    if duplicates:  # the record says how to rebuild the model: an ambiguous one must not pick silently
-        lines = "\n".join("  " + str(p).replace("\n", "\n  ") for p in duplicates)
-        raise UserError(f"{path} has {len(duplicates)} error(s):\n{lines}", "keep one entry of each key")
-    return info
-
-
-def _not_a_checkpoint(given: Path) -> tuple[str, str]:
-    """What is wrong with `given` and a fix that is true on this disk: the complete checkpoint to export instead,
-    or how to get one."""
-    is_output = given.is_dir() and checkpoint.checkpoint_step(given) is None
-    output = given if is_output else given.parent
-    newest = checkpoint.newest_complete(output)
-    if is_output:
-        problem = "a training output, not a checkpoint" if newest else "holds no complete zero-kit checkpoint"
-    elif given.is_dir():
-        problem = (
-            f"incomplete checkpoint (no {checkpoint.MANIFEST} or files missing: a save cut short, or not zero-kit's)"
-        )
-    else:
-        problem = "no such checkpoint directory"
-    if newest is not None:
-        return problem, f"export {newest} (the newest complete checkpoint there)"
-    return problem, (
-        f"there is no complete checkpoint in {output}: train one with zero-kit train --output {output} "
-        "(it saves at the end and every --save-steps)"
-    )
 
 
 def _lazy_state_dict(checkpoint_dir: Path) -> dict:
