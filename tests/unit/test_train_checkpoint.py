@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,7 @@ def test_the_callback_marks_before_the_save_and_refuses_a_foreign_directory(tmp_
 
     _foreign_checkpoint(tmp_path, 4)
     callback = CompleteCheckpointCallback(tmp_path, 2, {})
+    callback.on_train_begin(None, None, None)  # the Trainer's order: train begins, then steps end
     saving = SimpleNamespace(should_save=True)
     callback.on_step_end(None, SimpleNamespace(global_step=2), saving)
     assert (tmp_path / "checkpoint-2" / checkpoint.PARTIAL_MARK).is_file()
@@ -186,3 +188,39 @@ def test_an_empty_checkpoint_directory_holds_no_work(tmp_path):
     (tmp_path / "checkpoint-8" / f".{checkpoint.PARTIAL_MARK}.tmp123").write_text("")  # killed mid-mark
     assert checkpoint.foreign(tmp_path) == []
     assert [p.name for p in checkpoint.remove_incomplete(tmp_path)] == ["checkpoint-7", "checkpoint-8"]
+
+
+def test_the_callback_judges_foreign_directories_when_training_begins_not_when_built(tmp_path):
+    """CI saw it: rank 1 built its callback while rank 0 was deleting a save cut short (rmtree had taken the mark,
+    not yet the rest), took that directory for another tool's and refused to save there four steps later."""
+    from types import SimpleNamespace
+
+    from zero_kit.train.callbacks import CompleteCheckpointCallback
+
+    half_deleted = tmp_path / "checkpoint-4"
+    half_deleted.mkdir()
+    (half_deleted / "trainer_state.json").write_text("{}")  # what rmtree had not reached yet; the mark was gone
+    callback = CompleteCheckpointCallback(tmp_path, 2, {})
+    shutil.rmtree(half_deleted)  # rank 0's deletion ends, then the barrier, then training begins
+    callback.on_train_begin(None, None, None)
+    callback.on_step_end(None, SimpleNamespace(global_step=4), SimpleNamespace(should_save=True))
+    assert (tmp_path / "checkpoint-4" / checkpoint.PARTIAL_MARK).is_file()
+
+
+def test_a_deletion_renames_first_so_no_one_sees_a_checkpoint_half_deleted(tmp_path, monkeypatch):
+    ours = _fake_checkpoint(tmp_path, 2, complete=False)
+    seen = []
+    real_rmtree = shutil.rmtree
+    monkeypatch.setattr(
+        checkpoint.shutil,
+        "rmtree",
+        lambda path, **kw: (seen.append(checkpoint.list_checkpoints(tmp_path)), real_rmtree(path, **kw)),
+    )
+    assert checkpoint.remove_incomplete(tmp_path) == [ours]
+    assert seen == [[]]  # while rmtree ran, no checkpoint-N was there to be judged
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    leftover = tmp_path / f"{checkpoint.DELETING_PREFIX}checkpoint-4.123"  # a removal cut short
+    leftover.mkdir()
+    (leftover / "shard.pt").write_bytes(b"x")
+    checkpoint.remove_incomplete(tmp_path)
+    assert not leftover.exists()

@@ -87,9 +87,14 @@ class CompleteCheckpointCallback(TrainerCallback):
         self.output_dir = output_dir
         self.keep = keep
         self.run_info = run_info
-        # Taken before training, while no rank of this run is writing: another rank's fresh directory whose mark is
-        # not written yet must not look foreign later.
-        self._foreign = {path.name for path in checkpoint.foreign(output_dir)}
+        self._foreign: set[str] = set()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # Taken when training begins: after rank 0 cleared zero-kit's leftovers (job._clear_earlier, then a barrier)
+        # and before any rank can save (a save follows a step, whose collectives need every rank here first), so
+        # neither a deletion under way nor another rank's fresh directory, whose mark is not written yet, is taken
+        # for another tool's checkpoint.
+        self._foreign = {path.name for path in checkpoint.foreign(self.output_dir)}
 
     def on_step_end(self, args, state, control, **kwargs):
         # The Trainer saves right after the step-end callbacks (`_maybe_log_save_evaluate`) into a directory that

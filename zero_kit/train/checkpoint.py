@@ -30,6 +30,8 @@ POINTER = "latest_complete"
 RUN_INFO = "zero_kit_run.json"
 PARTIAL_MARK = ".zero_kit_partial"
 """zero-kit is writing (or deleting) this checkpoint: it is ours, and not complete while the mark is there."""
+DELETING_PREFIX = ".zero_kit_deleting-"
+"""A checkpoint-N being deleted is renamed to DELETING_PREFIX + its name + a pid first."""
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -112,13 +114,24 @@ def foreign(output_dir: Path) -> list[Path]:
 
 
 def _delete_ours(path: Path) -> None:
-    """Delete a checkpoint directory proven zero-kit's. The mark goes in before the manifest goes out, so a
-    deletion cut short leaves a directory that is still ours (and incomplete): the next run finishes the job."""
+    """Delete a checkpoint directory proven zero-kit's. The mark goes in before the manifest goes out, then the
+    directory is renamed to a name only zero-kit uses (atomic: no rank or later run ever sees a `checkpoint-N`
+    half deleted, whose mark rmtree may already have removed) and removed; a removal cut short leaves that name,
+    which the next `remove_incomplete` finishes."""
     if not is_ours(path):
         raise RuntimeError(f"refusing to delete {path}: zero-kit did not write it")
     mark_partial(path)
     (path / MANIFEST).unlink(missing_ok=True)
-    shutil.rmtree(path, ignore_errors=True)
+    doomed = path.with_name(f"{DELETING_PREFIX}{path.name}.{os.getpid()}")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _remove_deletions_cut_short(output_dir: Path) -> None:
+    """Directories `_delete_ours` renamed and did not finish removing (the name is zero-kit's own)."""
+    for path in output_dir.glob(f"{DELETING_PREFIX}checkpoint-*"):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def is_complete(checkpoint_dir: Path) -> bool:
@@ -163,6 +176,7 @@ def remove_incomplete(output_dir: Path) -> list[Path]:
     removed = [path for path in list_checkpoints(output_dir) if is_ours(path) and not is_complete(path)]
     for path in removed:
         _delete_ours(path)
+    _remove_deletions_cut_short(output_dir)
     return removed
 
 

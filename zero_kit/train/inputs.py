@@ -18,10 +18,14 @@ from zero_kit.train.options import TrainOptions
 RESUME_WORDS = ("auto", "never")
 
 
-def check_inputs(opts: TrainOptions) -> None:
-    """Every cheap input check of a run, all problems reported at once (each with its fix)."""
+def check_inputs(opts: TrainOptions, *, output: bool = True) -> None:
+    """Every cheap input check of a run, all problems reported at once (each with its fix). output=False: --output
+    is left to this process's own preflight, which reports it together with the NVMe paths and the host's RAM
+    (every machine problem in one message); a parent that relaunches checks it here, the ranks' preflight being
+    half a minute away."""
     problems: list[UserError] = []
-    for check in (_check_data, _check_model, _check_output, _check_hostfile, _check_ds_config, _check_resume):
+    checks = (_check_data, _check_model, _check_output, _check_hostfile, _check_ds_config, _check_resume)
+    for check in checks if output else [c for c in checks if c is not _check_output]:
         try:
             check(opts)
         except UserError as err:

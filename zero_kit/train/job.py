@@ -37,7 +37,8 @@ class Data(NamedTuple):
 def run_train(opts: TrainOptions) -> int:
     """Run `zero-kit train`; returns the process exit code (0; after SIGINT or SIGTERM see train.stopping)."""
     check_options(opts)
-    check_inputs(opts)  # data, model, output, hostfile: before the relaunch, an op build or any deletion
+    # data, model, hostfile (and --output before a relaunch): before the relaunch, an op build or any deletion
+    check_inputs(opts, output=_wants_relaunch(opts))
     check_trusted(opts.model, opts.trust_remote_code)  # before a launcher starts ranks that would each refuse it
     os.environ.update(slurm_to_torch_env(dict(os.environ)))
     if not os.environ.get(RELAUNCHED):  # once per command, before any rank starts: the ranks of a relaunch skip it
