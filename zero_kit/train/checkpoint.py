@@ -173,10 +173,10 @@ def newest_complete(output_dir: Path) -> Path | None:
 def remove_incomplete(output_dir: Path) -> list[Path]:
     """Delete zero-kit's checkpoint directories that a killed save left behind (rank 0, once the run's inputs have
     passed); another tool's `checkpoint-N` is left alone."""
+    _remove_deletions_cut_short(output_dir)
     removed = [path for path in list_checkpoints(output_dir) if is_ours(path) and not is_complete(path)]
     for path in removed:
         _delete_ours(path)
-    _remove_deletions_cut_short(output_dir)
     return removed
 
 
