@@ -4,6 +4,7 @@ path checks every command shares: a path it writes or reads is one line naming t
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,17 +41,19 @@ def raise_all(problems: list[UserError], when: str) -> None:
     raise UserError("\n".join(lines), "fix each problem above")
 
 
-def _existing_ancestor(path: Path) -> Path:
+def existing_ancestor(path: Path) -> Path:
+    """`path` itself if it exists, else its nearest existing parent (where a write would have to start)."""
     path = path.absolute()
     while not path.exists() and path != path.parent:
         path = path.parent
     return path
 
 
-def _probe(directory: Path) -> OSError | None:
-    """Create and delete a file: the one test that also holds for root, read-only mounts and /proc (os.access
-    says yes to root everywhere). Leaves the directory's contents as they were."""
-    probe = directory / f".zero_kit_probe_{os.getpid()}"
+def write_probe(directory: Path) -> OSError | None:
+    """Create and delete a file: the one test that also holds for root, read-only mounts, root-squashed NFS and
+    /proc (os.access says yes to root everywhere). Leaves the directory's contents as they were; the name is
+    unique per call, so ranks and threads probing one directory at once never meet."""
+    probe = directory / f".zero_kit_probe_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     try:
         probe.write_bytes(b"")
         probe.unlink()
@@ -59,18 +62,22 @@ def _probe(directory: Path) -> OSError | None:
     return None
 
 
+def _check_writable_in(path: str | Path, flag: str, ancestor: Path) -> None:
+    """`ancestor`, the nearest existing parent of what `flag` names, is a directory this process may write in."""
+    if not ancestor.is_dir():
+        raise UserError(f"{flag} {path}: {ancestor} is a file, not a directory", f"choose another {flag}")
+    err = write_probe(ancestor)
+    if err is not None:
+        raise UserError(f"{flag} {path}: cannot write in {ancestor} ({err.strerror})", f"choose a writable {flag}")
+
+
 def check_writable_file(path: str | Path, flag: str) -> Path:
     """`path` can be written as a file: not a directory, and its nearest existing parent is a directory this
     process may create files in (missing parents are made when the file is written). Creates nothing."""
     target = Path(path)
     if target.is_dir():
         raise UserError(f"{flag} {path}: is a directory", f"name a file, e.g. {flag} {target / 'out.json'}")
-    ancestor = _existing_ancestor(target.parent)
-    if not ancestor.is_dir():
-        raise UserError(f"{flag} {path}: {ancestor} is a file, not a directory", f"choose another {flag}")
-    err = _probe(ancestor)
-    if err is not None:
-        raise UserError(f"{flag} {path}: cannot write in {ancestor} ({err.strerror})", f"choose a writable {flag}")
+    _check_writable_in(path, flag, existing_ancestor(target.parent))
     return target
 
 
@@ -79,12 +86,7 @@ def check_writable_dir(path: str | Path, flag: str) -> Path:
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise UserError(f"{flag} {path}: exists and is not a directory", f"remove the file or choose another {flag}")
-    ancestor = _existing_ancestor(target)
-    if not ancestor.is_dir():
-        raise UserError(f"{flag} {path}: {ancestor} is a file, not a directory", f"choose another {flag}")
-    err = _probe(ancestor)
-    if err is not None:
-        raise UserError(f"{flag} {path}: cannot write in {ancestor} ({err.strerror})", f"choose a writable {flag}")
+    _check_writable_in(path, flag, existing_ancestor(target))
     return target
 
 

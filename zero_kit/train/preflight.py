@@ -21,13 +21,12 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from zero_kit.errors import UserError, raise_all
+from zero_kit.errors import UserError, existing_ancestor, raise_all, write_probe
 from zero_kit.metrics import GIB
 
 if TYPE_CHECKING:
@@ -40,24 +39,6 @@ def _gib(value: int) -> str:
     return f"{value / GIB:.2f} GiB"
 
 
-def _existing_ancestor(path: Path) -> Path:
-    path = path.absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-def _write_probe(directory: Path) -> OSError | None:
-    """Create and delete a file: the only test that also catches read-only mounts and root-squashed NFS."""
-    probe = directory / f".zero_kit_probe_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    try:
-        probe.write_bytes(b"x")
-        probe.unlink()
-    except OSError as err:
-        return err
-    return None
-
-
 def check_writable_dir(path: Path, flag: str, *, create: bool) -> list[UserError]:
     """`path` is (or can become) a writable directory; `flag` names the option in the message."""
     if path.exists() and not path.is_dir():
@@ -67,11 +48,11 @@ def check_writable_dir(path: Path, flag: str, *, create: bool) -> list[UserError
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        blocker = _existing_ancestor(path)
+        blocker = existing_ancestor(path)
         return [
             UserError(f"{flag} {path}: cannot create it ({err.strerror} at {blocker})", f"choose a writable {flag}")
         ]
-    err = _write_probe(path)
+    err = write_probe(path)
     if err is not None:
         return [
             UserError(
@@ -82,7 +63,7 @@ def check_writable_dir(path: Path, flag: str, *, create: bool) -> list[UserError
 
 
 def check_free_space(path: Path, need_bytes: int, what: str, flag: str) -> list[UserError]:
-    free = shutil.disk_usage(_existing_ancestor(path)).free
+    free = shutil.disk_usage(existing_ancestor(path)).free
     if free >= need_bytes:
         return []
     return [
@@ -189,7 +170,7 @@ def _disk_reason(err: BaseException, output: Path) -> str | None:
             if needle in text:
                 return reason
     # torch.save only says its zip writer failed; the free space on --output tells why.
-    if "file write failed" in str(err) and shutil.disk_usage(_existing_ancestor(output)).free < 2**20:
+    if "file write failed" in str(err) and shutil.disk_usage(existing_ancestor(output)).free < 2**20:
         return "the disk is full"
     return None
 
@@ -204,7 +185,7 @@ def disk_errors_as_user_errors(output: Path) -> Iterator[None]:
         reason = _disk_reason(err, output)
         if reason is None:
             raise
-        free = shutil.disk_usage(_existing_ancestor(output)).free
+        free = shutil.disk_usage(existing_ancestor(output)).free
         raise UserError(
             f"--output {output}: writing a checkpoint failed, {reason} ({_gib(free)} free): {str(err)[:200]}",
             "free space (or fix the mount) and relaunch with --resume auto: it continues from the last complete"
