@@ -94,6 +94,18 @@ def barrier() -> None:
         dist.barrier()
 
 
+def collective_device():
+    """Where a tensor handed to a collective of the default group must live: this rank's current GPU under NCCL
+    (NCCL reduces only CUDA tensors: a CPU tensor fails with "No backend type associated with device type cpu"),
+    else the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def any_rank(flag: bool) -> bool:
     """True on every rank when `flag` is true on at least one (a MAX all-reduce; just `flag` without a group)."""
     if not initialized():
@@ -101,8 +113,7 @@ def any_rank(flag: bool) -> bool:
     import torch
     import torch.distributed as dist
 
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces only CUDA tensors
-    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32, device=collective_device())
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return bool(tensor.item())
 

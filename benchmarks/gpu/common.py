@@ -39,6 +39,7 @@ class Context:
     hardware: dict[str, Any]
     results: dict[str, dict] = field(default_factory=dict)
     next_port: int = 29800
+    throughput: list[str] | None = None  # the throughput part's strategies (None: parts_bench.THROUGHPUT)
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()

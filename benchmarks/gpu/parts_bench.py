@@ -79,7 +79,7 @@ def throughput(ctx: Context) -> tuple[str, str | None, dict]:
     if not ctx.cuda:
         return "skipped", "skipped: no CUDA", {}
     folder = model_dir(ctx)
-    records = run_strategies(ctx, "throughput", THROUGHPUT, nproc=1, precision="bf16", model=str(folder),
+    records = run_strategies(ctx, "throughput", ctx.throughput or THROUGHPUT, nproc=1, precision="bf16", model=str(folder),
                              seq_len=2048, micro_batch=1, steps=12, warmup=4, timeout=420)  # fmt: skip
     runs = [with_measured_mfu(ctx, summarize_run(r)) for r in records]
     ctx.results["throughput_records"] = records

@@ -86,7 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output folder, e.g. benchmarks/gpu/results/gpu_h100")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes; CUDA parts write skipped records")
     parser.add_argument("--budget-min", type=float, default=20.0, help="time box for the whole suite")
-    parser.add_argument("--parts", default=",".join(n for n, _ in PARTS), help="comma-separated subset, in order")
+    parser.add_argument("--parts", default=",".join(n for n, _ in PARTS),
+                        help="comma-separated subset, run in the order given (planner after throughput: it reuses "
+                             "throughput's runs); a short lease puts the parts it needs most first")  # fmt: skip
+    parser.add_argument("--throughput", default=None,
+                        help="comma-separated strategies of the throughput part (default: all of "
+                             "parts_bench.THROUGHPUT), e.g. ddp,zero1,zero2,zero3,zero3_offload on a short lease")  # fmt: skip
     args = parser.parse_args(argv)
     import torch
 
@@ -99,13 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (hook, root, os.environ.get("PYTHONPATH")) if p)
     versions, hardware = _versions_and_hardware(cuda)
     ctx = Context(out, args.dry_run, cuda, time.monotonic() + args.budget_min * 60, versions, hardware)
+    if args.throughput:
+        ctx.throughput = args.throughput.split(",")
     jsonl = out / "suite.jsonl"
     jsonl.write_text("", encoding="utf-8")
     wanted = args.parts.split(",")
+    known = dict(PARTS)
+    if unknown := [name for name in wanted if name not in known]:
+        parser.error(f"--parts: unknown part(s) {unknown}; parts: {','.join(known)}")
     problems = []
-    for name, fn in PARTS:
-        if name not in wanted:
-            continue
+    for name in wanted:
+        fn = known[name]
         record = run_part(ctx, name, fn)
         append_jsonl(jsonl, record)
         problems += [f"{name}: {p}" for p in check_record(json.loads(json.dumps(record, default=str)))]

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from zero_kit.launch import ops, rank_env
 from zero_kit.watchdog import Heartbeat
@@ -206,3 +209,56 @@ def test_ops_where_prints_the_directory_runs_use():
 def test_ops_build_refuses_an_unknown_op_naming_the_flag():
     out = _cli("build", "--op", "NoSuchBuilder")
     assert out.returncode == 2 and "--op NoSuchBuilder" in out.stderr and "Traceback" not in out.stderr
+
+
+def _deepspeed_cuda_builder():
+    """A CUDA op builder of the installed DeepSpeed (its real `compute_capability_args`), usable on a CPU host."""
+    from deepspeed.ops.op_builder.builder import CUDAOpBuilder
+
+    class Builder(CUDAOpBuilder):
+        BUILD_VAR, NAME = "DS_BUILD_ZK_PROBE", "zk_probe"
+
+        def __init__(self):
+            super().__init__(name=self.NAME)
+
+        def absolute_name(self):
+            return self.NAME
+
+        def sources(self):
+            return []
+
+    builder = Builder()
+    builder.jit_mode = True
+    return builder
+
+
+@pytest.mark.parametrize("value", ["9.0a", "8.0;9.0a+PTX", "10.0f 12.0a"])
+def test_deepspeed_parses_the_arch_list_a_build_gets(value, monkeypatch):
+    # Seen on an H200 image that sets TORCH_CUDA_ARCH_LIST=9.0a: DeepSpeed's JIT build of fused Adam failed.
+    builder = _deepspeed_cuda_builder()
+    monkeypatch.setenv(ops.ARCH, value)
+    builder._jit_arch_list = value
+    with pytest.raises(ValueError, match="invalid literal for int"):
+        builder.compute_capability_args()
+    builder._jit_arch_list = ops.deepspeed_arch_list(value)
+    builder.compute_capability_args()  # parses
+    assert not re.search(r"\d[a-z]", ops.deepspeed_arch_list(value))
+
+
+def test_arch_lists_deepspeed_already_parses_are_left_alone():
+    for value in ("8.6", "8.0;9.0+PTX", "7.5 8.6"):
+        assert ops.deepspeed_arch_list(value) == value.replace(" ", ";")
+    assert ops.deepspeed_arch_list("9.0a;9.0") == "9.0"
+
+
+def test_a_guarded_load_sees_the_parsable_list_then_the_users_again(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ops, "op_build_dir", lambda name: tmp_path / name)
+    monkeypatch.setenv(ops.ARCH, "9.0a")
+    seen = []
+    load = ops.guarded(lambda builder, verbose: seen.append(os.environ[ops.ARCH]))
+    load(_FakeBuilder(), False)
+    assert seen == ["9.0"] and os.environ[ops.ARCH] == "9.0a"
+    assert "TORCH_CUDA_ARCH_LIST='9.0a' has entries DeepSpeed's op builder cannot parse" in capsys.readouterr().err
+    (tmp_path / "tiny_op" / "tiny_op.so").touch()
+    load(_FakeBuilder(), False)  # built: DeepSpeed still reads the list, but nothing is said
+    assert seen == ["9.0", "9.0"] and "TORCH_CUDA_ARCH_LIST" not in capsys.readouterr().err

@@ -14,6 +14,24 @@ from typing import Any
 from zero_kit.strategies import STRATEGIES
 
 PARITY_TOL = 1e-5
+"""fp32: every step's loss within this of DDP's (absolute): the strategies compute the same sums."""
+PARITY_REL_TOL_LOW_PRECISION = 0.01
+PARITY_LOW_PRECISION_STEPS = 3
+"""bf16/fp16: the first 3 steps' losses within 1% of DDP's (relative). DDP keeps fp32 weights under autocast,
+DeepSpeed's bf16 keeps bf16 weights beside fp32 master copies: they round in other places, and at the bench's high
+learning rate the difference compounds. On an H200 (1.2B LLaMA, seq 2048) ZeRO-0..3 matched DDP's first 3 losses
+within 0.05% and differed by up to 2.7% by step 11: a wrong gradient shows at once, rounding only later."""
+
+
+def loss_parity(losses: list[float], reference: list[float], precision: str) -> bool:
+    """The losses equal DDP's: every step within PARITY_TOL in fp32; in bf16/fp16 the first
+    PARITY_LOW_PRECISION_STEPS within PARITY_REL_TOL_LOW_PRECISION (relative)."""
+    if not losses or len(losses) != len(reference):
+        return False
+    if precision == "fp32":
+        return max(abs(a - b) for a, b in zip(losses, reference, strict=True)) <= PARITY_TOL
+    head = list(zip(losses, reference, strict=True))[:PARITY_LOW_PRECISION_STEPS]
+    return all(abs(a - b) <= PARITY_REL_TOL_LOW_PRECISION * abs(b) for a, b in head)
 
 
 def failed_record(strategy: str, opts, log_path: str) -> dict[str, Any]:
@@ -97,7 +115,7 @@ def annotate(records: list[dict[str, Any]]) -> None:
         r["comm_ratio_vs_ddp"] = r["comm_bytes_per_step"]["ring_bytes_sent_per_rank"] / base if base else None
         diffs = [abs(a - b) for a, b in zip(r["losses"], ddp["losses"], strict=False)]
         r["max_abs_loss_diff_vs_ddp"] = max(diffs) if diffs else None
-        r["loss_parity"] = bool(diffs) and max(diffs) <= PARITY_TOL and len(r["losses"]) == len(ddp["losses"])
+        r["loss_parity"] = loss_parity(r["losses"], ddp["losses"], r["precision"])
 
 
 def _mib(n: float | None) -> str:
@@ -138,7 +156,7 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
         "| strategy | ranks (nodes x per node) | precision | step time s (median) | tokens/s total (per rank) |"
         " state MiB/rank params / grads / optim | state MiB/rank measured | predicted MiB = formula |"
         " measured vs predicted (worst rank) | peak RSS MiB (max rank) | comm MiB/step/rank (ring) | comm / DDP |"
-        " inter-node MiB/step (all ranks; planned) | loss = DDP within 1e-5 (max diff) |"
+        " inter-node MiB/step (all ranks; planned) | loss = DDP (fp32: within 1e-5; bf16/fp16: first 3 steps within 1%) (max diff) |"
     )
     lines = [header, "|" + "---|" * 14]
     lines += [_row(r) for r in records]

@@ -196,6 +196,46 @@ def op_build_dir(name: str) -> Path:
     return Path(_get_build_directory(name, verbose=False))
 
 
+ARCH = "TORCH_CUDA_ARCH_LIST"
+
+
+def deepspeed_arch_list(value: str) -> str:
+    """TORCH_CUDA_ARCH_LIST in the form DeepSpeed's JIT builder parses. torch accepts arch-specific entries such as
+    "9.0a" (sm_90a) or "10.0f"; DeepSpeed 0.19's `compute_capability_args` sorts the entries by int() of each
+    dot-separated part and fails on them ("invalid literal for int() with base 10: '0a'", seen on an H200 image
+    that sets "9.0a"). The letter is dropped ("9.0a" -> "9.0", "9.0a+PTX" -> "9.0+PTX"): the same GPUs, and
+    DeepSpeed's ops use no arch-specific instructions. Separators as DeepSpeed reads them (";" or spaces)."""
+    entries = value.replace(" ", ";").split(";")
+    out = []
+    for entry in (e.strip() for e in entries):
+        if not entry:
+            continue
+        arch, plus, suffix = entry.partition("+")
+        major, dot, minor = arch.partition(".")
+        minor = minor.rstrip("abcdefghijklmnopqrstuvwxyz")
+        out.append(f"{major}{dot}{minor}{plus}{suffix}")
+    return ";".join(dict.fromkeys(out))
+
+
+@contextmanager
+def arch_list_deepspeed_parses(name: str, say: bool) -> Iterator[None]:
+    """While one op loads, TORCH_CUDA_ARCH_LIST in DeepSpeed's form (`deepspeed_arch_list`; DeepSpeed reads it for
+    the nvcc flags on every load, built or not), said in one line when `say` (a first build); the user's value is
+    back afterwards."""
+    value = os.environ.get(ARCH)
+    fixed = deepspeed_arch_list(value) if value else value
+    if fixed == value or fixed is None:
+        yield
+        return
+    if say:
+        _say(f"{ARCH}={value!r} has entries DeepSpeed's op builder cannot parse; building its {name} op for {fixed!r}")
+    os.environ[ARCH] = fixed
+    try:
+        yield
+    finally:
+        os.environ[ARCH] = value
+
+
 def guarded(jit_load: Callable) -> Callable:
     """DeepSpeed's OpBuilder.jit_load, inside our build slot, announced when first, beating the watchdog."""
     from zero_kit.watchdog import keep_alive
@@ -203,9 +243,11 @@ def guarded(jit_load: Callable) -> Callable:
     def jit_load_guarded(builder, verbose: bool = True):
         build_dir = op_build_dir(builder.name)
         with keep_alive("build"), build_slot(build_dir):
-            if not is_built(build_dir, builder.name):
+            first = not is_built(build_dir, builder.name)
+            if first:
                 announce(builder.name, build_dir)
-            return jit_load(builder, verbose)
+            with arch_list_deepspeed_parses(builder.name, say=first):
+                return jit_load(builder, verbose)
 
     jit_load_guarded.zero_kit_guard = True
     return jit_load_guarded

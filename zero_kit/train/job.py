@@ -227,11 +227,13 @@ def _gather_held_elements(model) -> dict:
     import torch
     import torch.distributed as dist
 
+    from zero_kit.dist import collective_device
+
     local = sum(p.numel() + (p.ds_tensor.numel() if hasattr(p, "ds_tensor") else 0) for p in model.parameters())
     total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     per_rank = [local]
     if dist.is_initialized():
-        tensor = torch.zeros(dist.get_world_size(), dtype=torch.int64)
+        tensor = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=collective_device())
         tensor[dist.get_rank()] = local
         dist.all_reduce(tensor)
         per_rank = tensor.tolist()
