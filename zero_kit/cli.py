@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        args = _with_run_file(parser, argv, args)
         return int(_command_module(args.command).run(args) or 0)
     except UserError as err:
         print(f"zero-kit {args.command}: error: {err}", file=sys.stderr)
@@ -144,6 +145,19 @@ def main(argv: list[str] | None = None) -> int:
         if _speaks_for_the_job():
             print(f"zero-kit {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
+
+
+def _with_run_file(parser: argparse.ArgumentParser, argv: list[str], args: argparse.Namespace) -> argparse.Namespace:
+    """`--config FILE` (train): the file's values become the command's defaults, then the command line is parsed
+    again, so a flag given there wins over the file."""
+    path = getattr(args, "config", None)
+    if path is None:
+        return args
+    from zero_kit.train.runfile import read_run_file
+
+    sub = next(a for a in parser._actions if a.dest == "command").choices[args.command]
+    sub.set_defaults(**read_run_file(path, sub, args.command))
+    return parser.parse_args(argv)
 
 
 def _speaks_for_the_job() -> bool:

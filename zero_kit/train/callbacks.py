@@ -53,6 +53,21 @@ class ProgressCallback(TrainerCallback):
             handle.write(json.dumps(record) + "\n")
         print(_progress_line(record), flush=True)
 
+    def on_train_end(self, args, state, control, **kwargs):
+        """Rank 0 draws OUTPUT/loss.png from the log (also after a stop: what was trained so far). A picture that
+        cannot be drawn costs the run nothing: one line says why."""
+        if not state.is_world_process_zero:
+            return
+        from zero_kit.train.plots import write_loss_plot
+
+        try:
+            path = write_loss_plot(self.log_path.parent)
+        except Exception as err:  # matplotlib backends and fonts vary by host: the run's result is unaffected
+            print(f"zero-kit train: warning: no loss plot ({type(err).__name__}: {err})", file=sys.stderr, flush=True)
+            return
+        if path is not None:
+            print(f"zero-kit train: loss plot in {path}", flush=True)
+
 
 def _progress_line(r: dict) -> str:
     width = len(str(r["max_steps"]))

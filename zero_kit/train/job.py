@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from zero_kit.dist import barrier, end_process_group, free_port, single_process_env, slurm_to_torch_env, under_launcher
 from zero_kit.errors import UserError
 from zero_kit.model import check_trusted
-from zero_kit.train import checkpoint, preflight, resume, stopping, universal
+from zero_kit.train import checkpoint, preflight, resume, runfile, stopping, universal
 from zero_kit.train.inputs import check_inputs
 from zero_kit.train.options import TrainOptions, check_options
 from zero_kit.train.relaunch import RELAUNCHED, relaunch
@@ -281,6 +281,7 @@ def _record_start(run: ResolvedRun, held: dict, stats, resume_from: Path | None)
     if run.machine.rank == 0:
         run.output.mkdir(parents=True, exist_ok=True)
         checkpoint.atomic_write_text(run.output / checkpoint.RUN_INFO, json.dumps(run_info, indent=1) + "\n")
+        runfile.write_effective(run.options, run.output)
         _print_start(run, held, stats, resume_from)
     return run_info
 
