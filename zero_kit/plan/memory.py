@@ -342,7 +342,7 @@ def evaluate(info: StrategyInfo, work: Workload, hardware: Hardware) -> Option:
         kept = a * -(-blocks // hardware.gpus_per_node)
         buffers["blocks' node shards, forward to backward"] = (kept, f"{a} x L x block / N_node")
     slack_base = _sum(gpu_states) + _sum(activations) + _sum(buffers)
-    slack = assume.allocator_slack
+    slack = assume.zero_allocator_slack if info.backend == "deepspeed" and info.stage >= 1 else assume.allocator_slack
     buffers["allocator slack"] = (int(slack_base * slack), f"{slack:.0%} of the rest")
     option = Option(
         info,
