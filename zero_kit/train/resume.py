@@ -71,7 +71,9 @@ def continue_requeued_job(opts: TrainOptions, environ: dict[str, str], speak: bo
     own = newest if newest is not None and _recorded_job(newest) == job_id else None
     if speak:
         what = f"continuing from {own}, its newest complete checkpoint" if own else f"--resume {opts.resume} as given"
-        print(f"zero-kit train: requeued by Slurm: restart {count} of job {job_id}; {what}", file=sys.stderr)
+        print(
+            f"zero-kit train: requeued by Slurm: restart {count} of job {job_id}; {what}", file=sys.stderr, flush=True
+        )
     return opts if own is None or opts.resume == "auto" else dataclasses.replace(opts, resume=str(own))
 
 
