@@ -60,6 +60,12 @@ class SlurmCluster(OnHosts):
         """Cancel one job, or every job in the partition."""
         self.run(["scancel", str(job_id)] if job_id else ["scancel", "-p", self.partition], timeout=30)
 
+    def job_state(self, job_id: int) -> tuple[str, int]:
+        """(JobState, Restarts) of a job from `scontrol show job`: Restarts counts Slurm's requeues of it."""
+        out = self.run(["scontrol", "show", "job", "-o", str(job_id)], timeout=30).stdout
+        state, restarts = re.search(r"JobState=(\S+)", out), re.search(r"Restarts=(\d+)", out)
+        return (state.group(1) if state else "UNKNOWN", int(restarts.group(1)) if restarts else 0)
+
     def node_states(self) -> dict[str, str]:
         out = self.run(["sinfo", "-h", "-N", "-o", "%N %t"], timeout=30).stdout
         return dict(line.split() for line in out.splitlines() if line.strip())
@@ -74,7 +80,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={root}/munge/sock
+# cred_expire: a requeued job waits this long before it may start again (120 s by default); 10 s here
+AuthInfo=socket={root}/munge/sock,cred_expire=10
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool-%n
 SlurmctldPidFile={root}/slurmctld.pidfile
@@ -91,6 +98,9 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/builtin
+# the main scheduling loop every 2 s (default 60): a requeued job waits for its begin time (cred_expire below),
+# an event no other pass follows, so it would start up to a minute late
+SchedulerParameters=sched_interval=2
 ReturnToService=2
 # sbatch --wait polls every 2 s only while MinJobAge/2 <= 2; the default (300) backs off to 32 s
 MinJobAge=5

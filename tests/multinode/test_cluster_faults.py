@@ -4,7 +4,8 @@
 - pdsh (`zero-kit train --hostfile H`): a whole node lost (every process of host 1 SIGKILLed, sshd included),
   the link cut (`ip link set ... down` on host 1), a rank frozen with SIGSTOP on host 1;
 - SLURM (`zero-kit launch --slurm -- train`: srun starts every rank; sbatch --wait): a whole node lost (slurmd
-  included), and preemption (`scancel --signal=TERM`: a complete checkpoint, exit 75).
+  included), and preemption (`scancel --signal=TERM`: a complete checkpoint, exit 75), each ending the job; and
+  Slurm's own requeue (a node lost, then `scontrol requeue`): the same job runs again, twice, and finishes.
 
 Each asserts the time from fault to job exit against a stated bound, that no process of the job is left on either
 host and, where the run is resumed (the same command again: `--resume auto` is the default), final fp32 weights
@@ -15,6 +16,7 @@ and zkfs/zkft (SLURM, 10.78.63-64.x); ports 29900-29919.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -38,7 +40,7 @@ from benchmarks.rigs import set_link, slurm_cluster, ssh_hosts, write_hostfile
 from benchmarks.rigs.slurm import job_id as slurm_job_id
 from tests.support.jobs import VENV, Job, wait_for, zero_kit
 from tests.support.rigs import rig_marks
-from tests.support.runs import checkpoint_step, logged_steps, pointer, resumed_from
+from tests.support.runs import RESUMING, checkpoint_step, logged_steps, pointer, resumed_from
 from zero_kit.train.options import EXIT_PREEMPTED
 from zero_kit.watchdog import EXIT_STALLED, KILL_GRACE_S, POLL_S
 
@@ -148,10 +150,11 @@ def test_pdsh_frozen_rank_ends_the_job_at_the_stall_timeout(tmp_path):
 # --- SLURM: the sbatch script of `zero-kit launch --slurm -- train` (deepspeed --no_ssh per node) ---
 
 
-def _sbatch_script(tmp: Path, out: Path, port: int) -> Path:
+def _sbatch_script(tmp: Path, out: Path, port: int, *train: str) -> Path:
     script = tmp / "train.sbatch"
     argv = [*zero_kit("launch"), "--slurm", "--nodes", "2", "--gpus-per-node", "1", "--master-port", str(port),
-            "--venv", str(VENV), "--time", "00:10:00", "-o", str(script), "--", "train", "--output", str(out), *JOB]  # fmt: skip
+            "--venv", str(VENV), "--time", "00:10:00", "-o", str(script), "--", "train", "--output", str(out), *JOB,
+            *train]  # fmt: skip
     done = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return script
@@ -233,3 +236,73 @@ def test_slurm_preemption_saves_exits_75_and_resume_is_bitwise(tmp_path, slurm_r
         assert checkpoint_step(out) == stopped_at, (pointer(out), stopped_at)
         assert code == EXIT_PREEMPTED, (code, text[-3000:])
         _resume_slurm(cluster, script, tmp_path, out, slurm_reference, expect_from=stopped_at)
+
+
+# --- Slurm's own requeue (JobRequeue=1, `#SBATCH --requeue` in zero-kit's script): the same job runs again ---
+
+
+def _requeued(cluster, job_id: int, restarts: int, job: Job) -> None:
+    """Slurm counted `restarts` requeues of the job (at a node failure: once it declared the node DOWN)."""
+    wait_for(lambda: cluster.job_state(job_id)[1] >= restarts, f"requeue {restarts} of job {job_id}", job, poll=0.5)
+
+
+def _said(tmp: Path, needle: str, job: Job) -> str:
+    """Wait for `needle` in the job's output (appended to by every run of the script) and return that output."""
+    return wait_for(lambda: needle in (text := _slurm_output(tmp, "run")) and text, repr(needle), job, poll=0.2)
+
+
+def test_slurm_requeues_the_job_itself_after_node_loss_and_preemption_and_it_finishes_bitwise(
+    tmp_path, slurm_reference
+):
+    """A node lost: Slurm requeues the job once the node is DOWN and starts it again when the node is back; then
+    `scontrol requeue` (what PreemptMode=REQUEUE does: SIGTERM, the ranks save and exit 75, then the job is requeued).
+    The same job id runs the script again each time (SLURM_RESTART_COUNT 1, then 2); although the script says
+    --resume never, each restart continues from the job's newest complete checkpoint; `sbatch --wait` returns 0 once
+    the last run finished, with weights bitwise equal to an uninterrupted run."""
+    out = tmp_path / "run"
+    script = _sbatch_script(tmp_path, out, 29913, "--resume", "never")
+    took: dict[str, float] = {}
+    with slurm_cluster("zkfs", subnet=63) as cluster:
+        job = _sbatch(cluster, script, tmp_path, "run")
+        job_id = _job_id(job)
+        after_first_checkpoint(out, job)
+        at = lost_at = time.monotonic()
+        kill_host(cluster.hosts.names[1])
+        for what, step in (
+            ("node lost -> requeued (node DOWN)", lambda: _requeued(cluster, job_id, 1, job)),
+            ("-> node back", lambda: cluster.restart_slurmd(1)),
+            ("-> restart 1 started", lambda: _said(tmp_path, f"restart 1 of job {job_id} on", job)),
+            ("-> resumed", lambda: _said(tmp_path, RESUMING, job)),
+        ):
+            step()
+            took[what], at = time.monotonic() - at, time.monotonic()
+        complete_at_loss, records = checkpoint_step(out), len(logged_steps(out))
+        wait_for(lambda: len(logged_steps(out)) > records, "a step of restart 1", job)
+        at = preempted_at = time.monotonic()
+        done = cluster.run(["scontrol", "requeue", str(job_id)], timeout=30)
+        assert done.returncode == 0, done.stderr
+        for what, step in (
+            ("scontrol requeue -> requeued", lambda: _requeued(cluster, job_id, 2, job)),
+            ("-> restart 2 started", lambda: _said(tmp_path, f"restart 2 of job {job_id} on", job)),
+        ):
+            step()
+            took[what], at = time.monotonic() - at, time.monotonic()
+        code = job.wait(RUN_TIMEOUT_S)
+        took["-> finished"] = time.monotonic() - at
+        assert cluster.job_state(job_id) == ("COMPLETED", 2), cluster.job_state(job_id)
+    text = _slurm_output(tmp_path, "run")
+    print("\nslurm requeue: " + "; ".join(f"{what} {seconds:.1f} s" for what, seconds in took.items()))
+    print(
+        f"node loss to finish {time.monotonic() - lost_at:.0f} s, preemption to finish {time.monotonic() - preempted_at:.0f} s"
+    )
+    assert code == 0, (code, text[-4000:])
+    assert took["node lost -> requeued (node DOWN)"] <= SLURM_NODE_LOSS_BOUND_S, took
+    stopped = re.search(r"preempted \(SIGTERM\) at step (\d+), exit 75; checkpoint left: \S+/checkpoint-(\d+) ", text)
+    assert stopped and stopped.group(1) == stopped.group(2), text[-4000:]
+    resumed = [int(line.rsplit("checkpoint-", 1)[1].split()[0]) for line in text.splitlines() if RESUMING in line]
+    assert resumed == [complete_at_loss, int(stopped.group(1))], text[-4000:]
+    assert "zero-kit train: starting fresh" in text.split(f"restart 1 of job {job_id}")[0], text[-4000:]
+    for restart, step in ((1, complete_at_loss), (2, int(stopped.group(1)))):
+        said = f"requeued by Slurm: restart {restart} of job {job_id}; continuing from {out}/checkpoint-{step},"
+        assert said in text, text[-4000:]
+    assert_finished_like(out, slurm_reference)

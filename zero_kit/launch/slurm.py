@@ -74,7 +74,7 @@ class SlurmJob:
     """Directory of the virtual environment to activate on every node (default: the current one)."""
 
 
-def _sbatch_head(job: SlurmJob) -> list[str]:
+def _sbatch_head(job: SlurmJob, more: tuple[str, ...] = ()) -> list[str]:
     if job.nodes < 1 or job.gpus_per_node < 1:
         raise UserError(f"need --nodes >= 1 and --gpus-per-node >= 1, got {job.nodes} and {job.gpus_per_node}")
     venv = job.venv or str(Path(sys.executable).parent.parent)
@@ -86,6 +86,7 @@ def _sbatch_head(job: SlurmJob) -> list[str]:
         f"#SBATCH --gpus-per-node={job.gpus_per_node}",
         f"#SBATCH --time={job.time}",
         *([f"#SBATCH --partition={job.partition}"] if job.partition else []),
+        *more,
         "set -euo pipefail",
         f"source {shlex.quote(venv)}/bin/activate",
     ]
@@ -101,6 +102,20 @@ def bench_sbatch_script(job: SlurmJob, bench_args: list[str]) -> str:
     return "\n".join(_sbatch_head(job) + body) + "\n"
 
 
+REQUEUE_LINES = (
+    "# Requeue (node failure, preemption, scontrol requeue) runs this script again from its top, same job id:",
+    "# `zero-kit train` then continues from the newest complete checkpoint the job wrote (docs/clusters.md).",
+    'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then',
+    '  echo "zero-kit: requeued: restart $SLURM_RESTART_COUNT of job $SLURM_JOB_ID on $SLURM_JOB_NODELIST" >&2',
+    "fi",
+)
+"""What a train script says when Slurm runs it again; the `#SBATCH` lines that go with it are in REQUEUE_HEAD."""
+REQUEUE_HEAD = ("#SBATCH --requeue", "#SBATCH --open-mode=append")
+"""Requeue asked for explicitly (a site's JobRequeue=0 would otherwise end the job at a node failure), and the
+output file appended to: Slurm truncates it when it starts a requeued job (JobFileAppend=0, the default), which
+would erase what the interrupted runs printed."""
+
+
 def sbatch_script(job: SlurmJob) -> str:
     """SLURM batch script. `srun`: srun starts every rank itself (one task per GPU; the ranks read SLURM's
     variables, as `zero-kit train` does). `deepspeed`/`torchrun`: one srun task per node, each running the
@@ -110,7 +125,8 @@ def sbatch_script(job: SlurmJob) -> str:
     ends them. A lost node ends the job only when Slurm declares it DOWN (SlurmdTimeout), with or without it."""
     args = " ".join(shlex.quote(a) for a in job.args)
     head = [
-        *_sbatch_head(job),
+        *_sbatch_head(job, REQUEUE_HEAD),
+        *REQUEUE_LINES,
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"MASTER_PORT={job.master_port}",
         "export MASTER_ADDR MASTER_PORT",

@@ -41,6 +41,8 @@ def run_train(opts: TrainOptions) -> int:
     check_inputs(opts, output=_wants_relaunch(opts))
     check_trusted(opts.model, opts.trust_remote_code)  # before a launcher starts ranks that would each refuse it
     os.environ.update(slurm_to_torch_env(dict(os.environ)))
+    speak = os.environ.get("RANK", "0") == "0" and not os.environ.get(RELAUNCHED)
+    opts = resume.continue_requeued_job(opts, dict(os.environ), speak)  # Slurm requeued the job: never start over
     if not os.environ.get(RELAUNCHED):  # once per command, before any rank starts: the ranks of a relaunch skip it
         target = resume.check_before_start(opts, dict(os.environ))
         if target is not None and os.environ.get("RANK", "0") == "0":
@@ -296,6 +298,7 @@ def _run_info(run: ResolvedRun, held: dict, stats) -> dict:
         "precision": run.precision,
         "zero3_init": held,
         "data": stats_dict,
+        resume.JOB_ID_KEY: os.environ.get("SLURM_JOB_ID"),  # a requeued job resumes only its own checkpoints
     }
 
 

@@ -74,7 +74,8 @@ class TrainOptions(ZeroOptions):
     save_total_limit: int | None = 2
     """Keep only the newest N complete checkpoints (older ones are deleted only after a newer one is complete)."""
     resume: str = "auto"
-    """auto: continue from the newest complete checkpoint in --output if any; never: start fresh; or a checkpoint directory."""
+    """auto: continue from the newest complete checkpoint in --output if any; never: start fresh; or a checkpoint directory.
+    A job Slurm requeued continues from its own newest complete checkpoint whatever this says."""
     export: bool = True
     """At the end, export a plain Hugging Face directory (or LoRA adapter) to OUTPUT/final."""
     nproc: int | None = None

@@ -12,6 +12,7 @@ precision, is one error naming both runs and the three ways on.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -42,6 +43,45 @@ class RunShape:
         parts.append(f"{self.world_size} rank(s)" if self.world_size else "? ranks")
         parts += [tuning, f"model {self.model}", self.precision or "precision auto"]
         return ", ".join(parts)
+
+
+RESTART_COUNT_ENV = "SLURM_RESTART_COUNT"
+"""Set by Slurm in a job it requeued (node failure, preemption with PreemptMode=REQUEUE, `scontrol requeue`,
+RequeueExit): how many times it started the job's script again, from its top, with the same arguments."""
+JOB_ID_KEY = "slurm_job_id"
+"""The run record's key for the Slurm job that wrote it (None outside Slurm)."""
+
+
+def slurm_restart(environ: dict[str, str]) -> tuple[int, str] | None:
+    """(restart count, job id) in a job Slurm requeued and runs again; None in a first run or outside Slurm."""
+    count, job_id = environ.get(RESTART_COUNT_ENV, ""), environ.get("SLURM_JOB_ID", "")
+    return (int(count), job_id) if count.isdigit() and int(count) > 0 and job_id else None
+
+
+def continue_requeued_job(opts: TrainOptions, environ: dict[str, str], speak: bool) -> TrainOptions:
+    """A requeued job continues from the newest complete checkpoint it wrote itself (its run record names the job),
+    whatever --resume says: `never` would delete that checkpoint and start over, a CHECKPOINT_DIR would go back to
+    where the job's first run began. Before the job wrote one, --resume acts as given, as in the first run. speak:
+    print the line that says so (once per job start)."""
+    restart = slurm_restart(environ)
+    if restart is None:
+        return opts
+    count, job_id = restart
+    newest = checkpoint.newest_complete(Path(opts.output))
+    own = newest if newest is not None and _recorded_job(newest) == job_id else None
+    if speak:
+        what = f"continuing from {own}, its newest complete checkpoint" if own else f"--resume {opts.resume} as given"
+        print(
+            f"zero-kit train: requeued by Slurm: restart {count} of job {job_id}; {what}", file=sys.stderr, flush=True
+        )
+    return opts if own is None or opts.resume == "auto" else dataclasses.replace(opts, resume=str(own))
+
+
+def _recorded_job(ckpt: Path) -> str | None:
+    try:
+        return json.loads((ckpt / checkpoint.RUN_INFO).read_text(encoding="utf-8")).get(JOB_ID_KEY)
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def check_before_start(opts: TrainOptions, environ: dict[str, str]) -> Path | None:
