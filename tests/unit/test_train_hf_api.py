@@ -102,3 +102,21 @@ def test_accelerate_use_cpu_turns_deepspeed_off_in_accelerate(monkeypatch):
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
     assert found == {"0": DistributedType.DEEPSPEED, "1": DistributedType.NO}
+
+
+def test_on_a_host_without_cuda_bf16_and_use_cpu_false_are_refused(monkeypatch):
+    import os
+
+    import torch
+
+    from zero_kit.hf import training_arguments
+
+    assert not torch.cuda.is_available()  # the unit tier runs on CPU hosts
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)  # as a launcher would: nothing for training_arguments to add
+    before = dict(os.environ)
+    with pytest.raises(UserError, match="bf16 needs a GPU"):
+        training_arguments("out", stage=2, bf16=True)
+    with pytest.raises(UserError, match="use_cpu=False does not fit a host without CUDA"):
+        training_arguments("out", stage=2, use_cpu=False)
+    assert dict(os.environ) == before
