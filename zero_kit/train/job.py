@@ -102,7 +102,7 @@ def _train(run: ResolvedRun, args, heartbeat: Heartbeat | None) -> int:
     # Start-up beats at each milestone: each part (imports and rendezvous, a universal conversion, the model, the
     # data, DeepSpeed's engine and op loads) gets the long-phase allowance, not all of them together.
     starting = (lambda: heartbeat.beat("startup", 0)) if heartbeat is not None else (lambda: None)
-    _init_deepspeed_comm(run)
+    init_deepspeed_comm(run.machine.backend, run.options.collective_timeout)
     starting()
     resume_from = resume.resume_target(run.options)  # chosen only: nothing is deleted before the inputs passed
     universal.prepare_resume(resume_from, args)  # written at another world size: convert, load_universal
@@ -169,9 +169,11 @@ def _training_arguments(run: ResolvedRun):
     )
 
 
-def _init_deepspeed_comm(run: ResolvedRun) -> None:
-    """zero.Init reads the world size from deepspeed.comm, which the Trainer only sets up later (at
-    deepspeed.initialize); without this a ZeRO-3 model would be built for a world of one."""
+def init_deepspeed_comm(backend: str, timeout_s: float) -> None:
+    """Bring deepspeed.comm up before the model is built (also for `zero_kit.hf.training_arguments`). zero.Init
+    reads the world size from deepspeed.comm, which on CPU nothing else sets up before deepspeed.initialize (the
+    Trainer's gloo group is torch's, which DeepSpeed does not see): without this a ZeRO-3 model would be built,
+    and its config's batch sizes checked, for a world of one."""
     from datetime import timedelta
 
     import deepspeed
@@ -179,8 +181,7 @@ def _init_deepspeed_comm(run: ResolvedRun) -> None:
     from zero_kit.launch.ops import guard_op_builds
 
     guard_op_builds()  # before the shm op's load here and the optimizer's later: no dead lock waited on
-    timeout = timedelta(seconds=run.options.collective_timeout)
-    deepspeed.init_distributed(dist_backend=run.machine.backend, timeout=timeout)
+    deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
 
 
 def _clear_earlier(run: ResolvedRun) -> None:
