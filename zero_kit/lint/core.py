@@ -22,7 +22,9 @@ Rules (E: error, W: warning):
   E "auto" where the HF Trainer does not fill it (list read off transformers), W instead where DeepSpeed drops
   it and uses its default (top level of a model section, e.g. zero_optimization.prefetch_bucket_size); W accelerate
   with train_batch_size "auto" at world size != 1 (fails only on a CPU-only host, where accelerate has no backend
-  and counts 1 process); W HF Trainer with hard-coded batch keys (must equal its TrainingArguments);
+  and counts 1 process); W HF Trainer with hard-coded batch keys (must equal its TrainingArguments); W ZeRO-3 with a
+  train_batch_size key for the HF Trainer (any value) or accelerate (a number) at world size != 1 (zero.Init parses
+  the config before DeepSpeed's communication is up on CPU ranks and counts one rank);
   E accelerate without zero_optimization.
 - E batch triple: non-positive / non-integer values, none given, train_batch_size != micro x accum x world
   (world from --world-size or the launcher env, divided by sequence_parallel_size), or not divisible when one
