@@ -42,6 +42,10 @@ Rules (E: error, W: warning):
 - E optimizer/scheduler type DeepSpeed cannot build; W section without type; max_grad_norm in optimizer params:
   E for hf-trainer/accelerate (DeepSpeed builds that optimizer), W for plain deepspeed (only if the script passes none);
   E warmup_num_steps <= 0; E total_num_steps < warmup_num_steps; E data_types.*_dtype not a DeepSpeed dtype.
+- With the arguments of the user's own Trainer script (`context.trainer_args`, rules_trainer): E every fixed value the
+  HF Trainer compares with its TrainingArguments and stops on (batch keys, clipping, optimizer params, fp16/bf16,
+  scheduler lr and steps), W such a value that depends on what is unknown here (world size, dataset length); on a
+  CPU run E no use_cpu, E ZeRO-3 with train_batch_size, E/W TrainingArguments' own refusal; E ACCELERATE_USE_CPU set.
 - E NaN/Infinity anywhere; E duplicate keys (reader); W not strict JSON but hjson reads it (reader, --for deepspeed
   only; the other consumers cannot read it); E DeepSpeed's own DeepSpeedConfig parse fails at the world size.
 """
@@ -50,7 +54,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zero_kit.lint import ds_parse, rules_batch, rules_zero, rules_zeropp
+from zero_kit.lint import ds_parse, rules_batch, rules_trainer, rules_zero, rules_zeropp
 from zero_kit.lint import rules as lint_rules
 from zero_kit.lint import schema as lint_schema
 from zero_kit.lint.problem import ROOT, LintContext, Problem
@@ -99,6 +103,7 @@ def _rule_pass(config: dict, context: LintContext) -> tuple[list[Problem], int]:
     problems += rules_zero.zero_rules(config, context.target)
     problems += rules_zeropp.zeropp_rules(config, context)
     problems += lint_rules.scheduler_rules(config)
+    problems += rules_trainer.trainer_rules(config, context)
     return problems, world_size
 
 

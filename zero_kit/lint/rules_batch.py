@@ -127,6 +127,8 @@ def integration_batch_rules(config: dict, context: LintContext) -> list[Problem]
     """Batch keys that work or fail depending on what the HF Trainer or accelerate bring at run time."""
     if context.target == "accelerate":
         return _accelerate_auto_batch(config, context) + zero3_init_batch(config, context)
+    if context.target == "hf-trainer" and context.trainer_args is not None:
+        return zero3_init_batch(config, context)  # rules_trainer compares the batch keys with the script's arguments
     if context.target == "hf-trainer":
         return _trainer_hard_coded_batch(config, context) + zero3_init_batch(config, context)
     return []
@@ -150,7 +152,9 @@ def zero3_init_batch(config: dict, context: LintContext) -> list[Problem]:
         " batch check (train_batch_size != micro * grad_accum * 1). GPU runs bring it up first and work"
     )
     fix = "remove train_batch_size (DeepSpeed derives it: micro x grad_accum x world size)"
-    return [Problem("warning", "train_batch_size", value, message, fix)]
+    # A user's own script on CPU ranks (script arguments given): it builds the model first, so this fails for sure.
+    severity = "error" if context.trainer_args is not None and context.device == "cpu" else "warning"
+    return [Problem(severity, "train_batch_size", value, message, fix)]
 
 
 def _accelerate_auto_batch(config: dict, context: LintContext) -> list[Problem]:
