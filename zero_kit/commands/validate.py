@@ -105,7 +105,7 @@ def _device_here() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def script_arguments(args: argparse.Namespace):
+def script_arguments(args: argparse.Namespace) -> tuple[Any, str | None]:
     """The TrainingArguments of the user's script (after `--`) and the device the run is judged for; (None, --device)
     without script arguments. One note each for what is ignored or assumed."""
     if args.script_args is None:

@@ -77,7 +77,10 @@ def parse_trainer_arguments(argv: list[str]) -> tuple[TrainerArguments, list[str
     parser = _parser()
     refused = None
     try:
-        (arguments, rest) = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
+        # look_for_args_file=False: an `.args` file beside sys.argv[0] would be zero-kit's, not the script's
+        (arguments, rest) = parser.parse_args_into_dataclasses(
+            argv, return_remaining_strings=True, look_for_args_file=False
+        )
         values = {name: getattr(arguments, name) for name in FIELDS}
     except ValueError as err:  # TrainingArguments.__post_init__'s own checks (e.g. --bf16 without a GPU or --use_cpu)
         refused = str(err)
