@@ -27,12 +27,22 @@ TINY_DEFAULTS = dict(
     rms_norm_eps=1e-5,
     tie_word_embeddings=False,
 )
-LLAMA_STYLE_TYPES = ("llama", "mistral", "qwen2")
+# The same families as plan.shapes.SUPPORTED_MODEL_TYPES (tests/unit/test_families.py keeps them equal).
+LLAMA_STYLE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
+# LoRA's default targets: the attention projections, as each family names them (Phi-3 fuses q, k, v in qkv_proj).
+DEFAULT_LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj"
+FAMILY_LORA_TARGETS = {"phi3": "qkv_proj,o_proj"}
 ASSET_TOKENIZER = Path(__file__).resolve().parent / "assets" / "tokenizer"
 # The files whose `auto_map` makes transformers import Python files of the directory (trust_remote_code).
 REMOTE_CODE_CONFIGS = ("config.json", "tokenizer_config.json")
 # Everything transformers raises for a directory it cannot read (missing/corrupt files, bad JSON, unknown class).
 _LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, json.JSONDecodeError)
+
+
+def lora_target_modules(lora_targets: str | None, model_type: str | None) -> list[str]:
+    """The module names --lora-targets gives, or (None) the attention projections of the model's family."""
+    names = lora_targets if lora_targets is not None else FAMILY_LORA_TARGETS.get(model_type, DEFAULT_LORA_TARGETS)
+    return [name.strip() for name in names.split(",") if name.strip()]
 
 
 def tiny_llama_config(vocab_size: int = 2048, **overrides):

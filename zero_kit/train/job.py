@@ -245,7 +245,9 @@ def _apply_lora(model, opts: TrainOptions):
 
     from peft import LoraConfig, get_peft_model
 
-    targets = [name.strip() for name in opts.lora_targets.split(",") if name.strip()]
+    from zero_kit.model import lora_target_modules
+
+    targets = lora_target_modules(opts.lora_targets, model.config.model_type)
     config = LoraConfig(
         r=opts.lora_r,
         lora_alpha=opts.lora_alpha if opts.lora_alpha is not None else 2 * opts.lora_r,
@@ -262,7 +264,7 @@ def _apply_lora(model, opts: TrainOptions):
             )
             return get_peft_model(model, config)
     except ValueError as err:
-        raise UserError(f"--lora-targets {opts.lora_targets}: {err}", "name Linear modules of the model") from err
+        raise UserError(f"--lora-targets {','.join(targets)}: {err}", "name Linear modules of the model") from err
 
 
 def _build_data(opts: TrainOptions, tokenizer) -> Data:
