@@ -11,6 +11,7 @@ its partition of every parameter (`p.ds_numel` is the full size, `p.numel()` the
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -27,7 +28,11 @@ TINY_DEFAULTS = dict(
     rms_norm_eps=1e-5,
     tie_word_embeddings=False,
 )
-LLAMA_STYLE_TYPES = ("llama", "mistral", "qwen2")
+# The same families as plan.shapes.SUPPORTED_MODEL_TYPES (tests/unit/test_families.py keeps them equal).
+LLAMA_STYLE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
+# LoRA's default targets: the attention projections, as each family names them (Phi-3 fuses q, k, v in qkv_proj).
+DEFAULT_LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj"
+FAMILY_LORA_TARGETS = {"phi3": "qkv_proj,o_proj"}
 ASSET_TOKENIZER = Path(__file__).resolve().parent / "assets" / "tokenizer"
 # The files whose `auto_map` makes transformers import Python files of the directory (trust_remote_code).
 REMOTE_CODE_CONFIGS = ("config.json", "tokenizer_config.json")
@@ -35,11 +40,71 @@ REMOTE_CODE_CONFIGS = ("config.json", "tokenizer_config.json")
 _LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, json.JSONDecodeError)
 
 
+def lora_target_modules(lora_targets: str | None, model_type: str | None) -> list[str]:
+    """The module names --lora-targets gives, or (None) the attention projections of the model's family."""
+    names = lora_targets if lora_targets is not None else FAMILY_LORA_TARGETS.get(model_type, DEFAULT_LORA_TARGETS)
+    return [name.strip() for name in names.split(",") if name.strip()]
+
+
 def tiny_llama_config(vocab_size: int = 2048, **overrides):
     """A LlamaConfig for the embedded default model: a few million parameters, LLaMA architecture."""
     from transformers import LlamaConfig
 
     return LlamaConfig(vocab_size=vocab_size, **{**TINY_DEFAULTS, **overrides})
+
+
+def network_allowed() -> bool:
+    """zero-kit keeps the Hugging Face Hub offline (it sets HF_HUB_OFFLINE=1 where it is unset); a user who sets
+    HF_HUB_OFFLINE to a false value (0, false, no, off) allows downloads, as huggingface_hub itself reads it."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("0", "FALSE", "NO", "OFF")
+
+
+def hub_id(model: str | None) -> str | None:
+    """`model` when it names a Hub repository (org/name) rather than a local path: no such path exists, and it has
+    the Hub's one-slash form; None for a local directory (or a mistyped one, which the directory checks report)."""
+    if model is None or Path(model).exists() or model.count("/") != 1 or model.startswith((".", "/", "~")):
+        return None
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(model)
+    except ValueError:
+        return None
+    return model
+
+
+def missing_hub_model(model: str, why: str) -> UserError:
+    """The one message for a Hub id that cannot be used: both ways out, download or a local directory."""
+    how = "set HF_HUB_OFFLINE=0 to let zero-kit download it" if not network_allowed() else "check the name/network"
+    return UserError(
+        f"--model {model}: no such directory, and not in the Hugging Face cache as a Hub id ({why})",
+        f"{how} (or `hf download {model}` first), or pass a local model directory (save_pretrained's output)",
+    )
+
+
+def resolve_model(model: str | None) -> str | None:
+    """A local directory (or None) as given; a Hub id: its snapshot directory in the Hugging Face cache
+    (HF_HUB_CACHE / HF_HOME), downloaded first only when network_allowed(). The rest of zero-kit reads that
+    directory like any other, so a cached model behaves exactly like its snapshot path."""
+    repo = hub_id(model)
+    if repo is None:
+        return model
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import EntryNotFoundError
+
+    try:
+        return snapshot_download(repo, local_files_only=not network_allowed())
+    except (OSError, ValueError, EntryNotFoundError) as err:  # not cached, incomplete, no such repo, no network
+        raise missing_hub_model(repo, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}") from None
+
+
+def cached_hub_file(model: str, filename: str) -> Path | None:
+    """`filename` of a Hub id's newest cached snapshot, or None: looked up in the cache only, nothing downloaded
+    (the cheap checks run before any download)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(model, filename)
+    return Path(found) if isinstance(found, str) else None
 
 
 def _check_model_dir(model_dir: str, *, need_config: bool = True, trust_remote_code: bool = False) -> Path:
@@ -91,8 +156,6 @@ def foreign_files(directory: Path) -> list[Path]:
     """`directory` and the files in it (one level down, and global_step*/) that another user owns. A checkpoint
     holds pickles that DeepSpeed and the Trainer load with weights_only=False (optimizer shards, rng_state,
     training_args.bin): whoever could write them could run code as the user who resumes from them."""
-    import os
-
     uid = os.getuid()
     candidates = [directory, *directory.glob("*"), *directory.glob("global_step*/*")]
     return [path for path in candidates if _owner(path) not in (uid, None)]
@@ -123,6 +186,7 @@ def load_tokenizer(model_dir: str | None = None, *, trust_remote_code: bool = Fa
     directory (auto_map) is refused unless trust_remote_code."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    model_dir = resolve_model(model_dir)  # a Hub id: its cached snapshot
     if model_dir is None:
         tokenizer = _asset_tokenizer(PreTrainedTokenizerFast)
     else:
@@ -181,6 +245,7 @@ def build_config(model_dir: str | None = None, *, trust_remote_code: bool = Fals
         return tiny_llama_config(vocab_size=len(tokenizer), **{**ids, **overrides})
     from transformers import AutoConfig
 
+    model_dir = resolve_model(model_dir)  # a Hub id: its cached snapshot
     _check_model_dir(model_dir, trust_remote_code=trust_remote_code)
     try:
         config = AutoConfig.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code)
@@ -218,6 +283,7 @@ def load_model(model_dir: str | None = None, *, dtype=None, seed: int = 0, trust
     import torch
     from transformers import AutoModelForCausalLM
 
+    model_dir = resolve_model(model_dir)  # a Hub id: its cached snapshot
     config = build_config(model_dir, trust_remote_code=trust_remote_code)
     with _seeded(seed):
         if model_dir is None:

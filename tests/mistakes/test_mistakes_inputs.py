@@ -103,6 +103,10 @@ CASES = {
         ("'bert'", "BertModel", "supported: llama, mistral, qwen2", "--params"),
     ),  # fmt: skip
     "plan GPT-2": Case(("plan", "--model", "gpt2", "--gpu-mem", "80GB"), ("'gpt2'", "supported: llama")),
+    "plan missing Hub model": Case(
+        ("plan", "--model", "tiny-org/absent", "--gpu-mem", "80GB"),
+        ("--model tiny-org/absent", "not in the Hugging Face cache", "HF_HUB_OFFLINE=0", "local model directory"),
+    ),
     "plan no --gpu-mem": Case(("plan", "--model", "llama-3-8b"), ("--gpu-mem is required", "80GB")),
     # train: refused in the parent, before the relaunch, with --output's checkpoints untouched
     "train missing data": Case((*TRAIN, "--data", "missing.jsonl"), ("--data missing.jsonl", "no such file")),
@@ -120,6 +124,10 @@ CASES = {
     "train binary data": Case((*TRAIN, "--data", "blob.bin"), ("--data blob.bin", "unknown file type")),
     "train BERT": Case((*TRAIN, "--model", "bert"), ("--model bert", "'bert'", "supported")),
     "train missing model": Case((*TRAIN, "--model", "nope"), ("--model nope: no such directory",)),
+    "train missing Hub model": Case(
+        (*TRAIN, "--model", "tiny-org/absent"),
+        ("--model tiny-org/absent", "not in the Hugging Face cache", "HF_HUB_OFFLINE=0", "local model directory"),
+    ),
     "train unwritable output": Case((*TRAIN, "--output", "/proc/run"), ("--output /proc/run", "writable")),
     "train output is a file": Case((*TRAIN, "--output", "mine.json"), ("--output mine.json", "not a directory")),
     "train host twice": Case((*TRAIN, "--hostfile", "hosts"), ("hosts:3", "'node1' again", "line 1")),

@@ -19,7 +19,8 @@ from zero_kit.options import add_dataclass_arguments, dataclass_from_args
 @dataclass(frozen=True)
 class PlanOptions:
     model: str | None = None
-    """Local Hugging Face model directory (its config.json is read) or a known shape such as llama-3-8b."""
+    """Local Hugging Face model directory (its config.json is read), a Hub id (org/name) in the Hugging Face cache
+    (HF_HUB_OFFLINE=0: its config.json is downloaded if not), or a known shape such as llama-3-8b."""
     params: str | None = None
     """Parameter count instead of --model, e.g. 8e9, 7B or 70b; dimensions default to the closest known shape."""
     hidden_size: int | None = None
@@ -149,7 +150,7 @@ def _shape_from_dir(model: str, known: list[str]):
     from zero_kit.errors import read_text
     from zero_kit.plan import shape_from_hf_config
 
-    config_path = Path(model) / "config.json"
+    config_path = _hub_config(model) or Path(model) / "config.json"
     if not config_path.is_file():
         raise UserError(
             f"--model {model!r} is neither a directory with config.json nor a known shape",
@@ -171,6 +172,28 @@ def _shape_from_dir(model: str, known: list[str]):
             f"--model {config_path}: cannot read a LLaMA-style shape (missing or bad key {err})",
             "check config.json, or give the size with --params N",
         ) from None
+
+
+def _hub_config(model: str) -> Path | None:
+    """A Hub id's (org/name) config.json: from the Hugging Face cache, or (HF_HUB_OFFLINE=0) downloaded alone,
+    which is all the planner reads; None for a local path."""
+    from zero_kit.model import cached_hub_file, hub_id, missing_hub_model, network_allowed
+
+    repo = hub_id(model)
+    if repo is None:
+        return None
+    cached = cached_hub_file(repo, "config.json")
+    if cached is not None:
+        return cached
+    if not network_allowed():
+        raise missing_hub_model(repo, "HF_HUB_OFFLINE is not 0, so zero-kit downloads nothing")
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import EntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(repo, "config.json"))
+    except (OSError, ValueError, EntryNotFoundError) as err:
+        raise missing_hub_model(repo, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}") from None
 
 
 def _timing_problems(opts: PlanOptions) -> list[UserError]:

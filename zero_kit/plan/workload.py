@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zero_kit.plan.shapes import LlamaShape, lora_trainable_params
+from zero_kit.plan.shapes import LlamaShape
 
 
 @dataclass(frozen=True)
@@ -23,8 +23,7 @@ class Workload:
     def trainable_params(self) -> int | None:
         if not self.lora_r:
             return None
-        s = self.shape
-        return lora_trainable_params(s.hidden_size, s.layers, self.lora_r, s.kv_size, s.intermediate_size)
+        return self.shape.lora_params(self.lora_r)
 
 
 def from_record(record: dict[str, Any]) -> Workload:

@@ -342,7 +342,9 @@ def _write_adapter(lazy: dict, options: dict, config, out_dir: Path, dtype: str,
         _write_model(iter(_base_tensors(options).items()), config, base_dir, dtype, max_shard_mib)
     _write_shards(_plan_shards(adapter, None, dtype, 2**62), out_dir, "adapter_model", None)
     r = options["lora_r"]
-    targets = [t.strip() for t in options["lora_targets"].split(",") if t.strip()]
+    from zero_kit.model import lora_target_modules
+
+    targets = lora_target_modules(options.get("lora_targets"), config.model_type)
     alpha = options.get("lora_alpha") if options.get("lora_alpha") is not None else 2 * r
     lora = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=options.get("lora_dropout", 0.0), target_modules=targets)
     lora.base_model_name_or_path = str(base_dir)

@@ -18,9 +18,11 @@ def check_export(checkpoint_dir: Path, out_dir: Path, *, force: bool = False, tr
     zero-kit one (its run record is returned), its --model names no code of its own unless trust_remote_code, and
     `out_dir` is empty, an earlier export's, or --force; then `out_dir` is created with the export's mark (the
     first write, so an unwritable path is said in the first second too)."""
-    from zero_kit.model import check_trusted
+    from zero_kit.model import check_trusted, resolve_model
 
     info = _run_info(Path(checkpoint_dir))
+    # a record's Hub id (org/name): its snapshot in the Hugging Face cache, which the export reads like a directory
+    info["options"]["model"] = resolve_model(info["options"].get("model"))
     check_trusted(info["options"].get("model"), trust_remote_code)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out {out_dir}: a file is there, not a directory", "give a directory path to --out")

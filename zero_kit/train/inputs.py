@@ -5,7 +5,8 @@ on disk; the ranks would find the same mistakes only after half a minute of star
 
 What is read: the first rows of --data (zero_kit.data.files.peek_source) checked against --format without a
 tokenizer, --model's config.json, one probe file created and deleted in --output's nearest existing directory,
-the hostfile, and the --ds-config and --resume paths. Nothing is created."""
+the hostfile, and the --ds-config and --resume paths (a Hub id's config.json from the Hugging Face cache).
+Nothing is created."""
 
 from __future__ import annotations
 
@@ -63,11 +64,20 @@ def _check_data(opts: TrainOptions) -> None:
 
 
 def _check_model(opts: TrainOptions) -> None:
+    from zero_kit.model import cached_hub_file, hub_id, missing_hub_model, network_allowed
     from zero_kit.plan.shapes import shape_from_hf_config
 
     if opts.model is None:
         return  # the embedded tiny LLaMA
     path = Path(opts.model)
+    repo = hub_id(opts.model)
+    if repo is not None:  # org/name: its config.json from the cache; a download waits until every check passed
+        cached = cached_hub_file(repo, "config.json")
+        if cached is None and network_allowed():
+            return
+        if cached is None:
+            raise missing_hub_model(repo, "HF_HUB_OFFLINE is not 0, so zero-kit downloads nothing")
+        path = cached.parent
     if not path.is_dir():
         raise UserError(f"--model {opts.model}: no such directory", "pass a local Hugging Face model directory")
     fix = "pass the directory written by save_pretrained (config.json, safetensors, tokenizer files)"
@@ -81,7 +91,7 @@ def _check_model(opts: TrainOptions) -> None:
         raise UserError(f"--model {path / 'config.json'}: not a JSON object", "fix or replace config.json")
     try:
         shape_from_hf_config(config)
-    except UserError as err:  # an architecture other than LLaMA/Mistral/Qwen2
+    except UserError as err:  # an architecture of none of the supported families
         raise UserError(f"--model {path / 'config.json'}: {err.message}", "pass a LLaMA-style model") from None
     except (KeyError, TypeError, ValueError) as err:
         raise UserError(f"--model {path / 'config.json'}: missing or bad key {err}", "fix config.json") from None

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from zero_kit.dist import barrier, end_process_group, free_port, single_process_env, slurm_to_torch_env, under_launcher
 from zero_kit.errors import UserError
-from zero_kit.model import check_trusted
+from zero_kit.model import check_trusted, resolve_model
 from zero_kit.train import checkpoint, preflight, resume, runfile, stopping, universal
 from zero_kit.train.inputs import check_inputs
 from zero_kit.train.options import TrainOptions, check_options
@@ -39,6 +39,9 @@ def run_train(opts: TrainOptions) -> int:
     check_options(opts)
     # data, model, hostfile (and --output before a relaunch): before the relaunch, an op build or any deletion
     check_inputs(opts, output=_wants_relaunch(opts))
+    # a Hub id -> its snapshot directory in the Hugging Face cache (downloaded now, once, if the user allows the
+    # network): after every cheap check; the ranks and the run record get the directory
+    opts = replace(opts, model=resolve_model(opts.model))
     check_trusted(opts.model, opts.trust_remote_code)  # before a launcher starts ranks that would each refuse it
     os.environ.update(slurm_to_torch_env(dict(os.environ)))
     speak = os.environ.get("RANK", "0") == "0" and not os.environ.get(RELAUNCHED)
@@ -248,7 +251,9 @@ def _apply_lora(model, opts: TrainOptions):
 
     from peft import LoraConfig, get_peft_model
 
-    targets = [name.strip() for name in opts.lora_targets.split(",") if name.strip()]
+    from zero_kit.model import lora_target_modules
+
+    targets = lora_target_modules(opts.lora_targets, model.config.model_type)
     config = LoraConfig(
         r=opts.lora_r,
         lora_alpha=opts.lora_alpha if opts.lora_alpha is not None else 2 * opts.lora_r,
@@ -265,7 +270,7 @@ def _apply_lora(model, opts: TrainOptions):
             )
             return get_peft_model(model, config)
     except ValueError as err:
-        raise UserError(f"--lora-targets {opts.lora_targets}: {err}", "name Linear modules of the model") from err
+        raise UserError(f"--lora-targets {','.join(targets)}: {err}", "name Linear modules of the model") from err
 
 
 def _build_data(opts: TrainOptions, tokenizer) -> Data:

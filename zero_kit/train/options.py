@@ -11,18 +11,19 @@ from typing import Literal
 
 from zero_kit.config.spec import ZeroOptions, ZeroSpec
 from zero_kit.errors import UserError, raise_all
+from zero_kit.model import DEFAULT_LORA_TARGETS
 
 # Exit code of a run stopped by SIGTERM (SLURM preemption) after it saved a complete checkpoint:
 # EX_TEMPFAIL from sysexits.h, "try again later" -- relaunch with `--resume auto` to continue.
 EXIT_PREEMPTED = 75
 
-DEFAULT_LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj"
-
 
 @dataclass(frozen=True)
 class TrainOptions(ZeroOptions):
     model: str | None = None
-    """Local Hugging Face model directory (LLaMA, Mistral or Qwen2 layout). Default: the embedded tiny LLaMA."""
+    """Local Hugging Face model directory, or a Hub id (org/name) found in the Hugging Face cache; with
+    HF_HUB_OFFLINE=0 in the environment a Hub id not in the cache is downloaded (zero-kit is offline otherwise).
+    Families: LLaMA, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 (text), Phi-3. Default: the embedded tiny LLaMA."""
     trust_remote_code: bool = False
     """Let --model run Python code of its own directory (auto_map in config.json or tokenizer_config.json). Off: such
     a model is refused, since that code runs with your rights. Only for directories whose writers you trust."""
@@ -57,8 +58,9 @@ class TrainOptions(ZeroOptions):
     """LoRA rank: train low-rank adapters (peft) instead of all weights. Default: full fine-tuning."""
     lora_alpha: float | None = None
     """LoRA scaling alpha (default 2 x --lora-r)."""
-    lora_targets: str = DEFAULT_LORA_TARGETS
-    """Comma-separated module names that get LoRA adapters."""
+    lora_targets: str | None = None
+    """Comma-separated module names that get LoRA adapters. Default: the attention projections of the model's
+    family (q_proj,k_proj,v_proj,o_proj; qkv_proj,o_proj for Phi-3)."""
     lora_dropout: float = 0.0
     """Dropout on the LoRA input."""
     activation_checkpointing: bool = False
@@ -135,7 +137,7 @@ def _range_problems(opts: TrainOptions) -> list[UserError]:
         bad.append(
             UserError(f"--lora-dropout must be in [0, 1), got {opts.lora_dropout:g}", "e.g. --lora-dropout 0.05")
         )
-    if opts.lora_r is not None and not [t for t in opts.lora_targets.split(",") if t.strip()]:
+    if opts.lora_r is not None and opts.lora_targets is not None and not opts.lora_targets.replace(",", "").strip():
         bad.append(
             UserError("--lora-targets is empty", f"pass module names, e.g. --lora-targets {DEFAULT_LORA_TARGETS}")
         )
