@@ -4,8 +4,10 @@ report_to integrations (TensorBoard, W&B, MLflow).
 
 - Eval data is --eval-data (read, masked and packed as --data is) or --val-size, a seeded hold-out of --data's
   examples (zero_kit.data.dataset.tokenize_split).
-- eval_loss is the Trainer's: the mean over eval batches of each batch's token-mean loss, every example counted once
-  across ranks. eval_perplexity = exp(eval_loss) is added to the same log entry, so the trackers get it too.
+- eval_loss is the Trainer's: in each eval step the loss over every graded token of all ranks' batches (transformers
+  counts the tokens across ranks), then the mean over the eval steps; tests/dist/test_eval_train.py checks it
+  against a plain one-process evaluation. eval_perplexity = exp(eval_loss) joins the same log entry, so the
+  trackers get it too.
 - Evaluations: every --eval-steps, at the last step, and (with --keep-best) before every save, so each checkpoint's
   manifest records the eval loss of its weights (zero_kit.train.checkpoint.best_complete).
 """
