@@ -119,3 +119,30 @@ def test_keep_best_keeps_the_lowest_eval_loss_out_of_rotation(tmp_path):
     assert [p.name for p in removed] == ["checkpoint-1", "checkpoint-3"]
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-4"]
     assert [p.name for p in checkpoint.rotate(tmp_path, 1)] == ["checkpoint-2"]  # without it: newest only
+
+
+def test_trackers_see_perplexity_and_tokens_per_second(tmp_path):
+    """The Trainer puts the --report-to integrations right after its DefaultFlowCallback, before the callbacks it is
+    given; a recorder in that place must see what zero-kit's callbacks add once they are moved to the front."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from zero_kit.model import load_model
+    from zero_kit.train.callbacks import ThroughputCallback, before_trackers
+
+    class Tracker(TrainerCallback):
+        seen: list[dict] = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.seen.append(dict(logs))
+
+    throughput, perplexity = ThroughputCallback(), PerplexityCallback()
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, include_num_input_tokens_seen=True)
+    trainer = Trainer(model=load_model(None), args=args, callbacks=[throughput, perplexity])
+    trainer.callback_handler.callbacks.insert(1, Tracker())  # where get_reporting_integration_callbacks puts them
+    before_trackers(trainer, throughput, perplexity)
+    handler, state = trainer.callback_handler, trainer.state
+    handler.on_train_begin(args, state, trainer.control)
+    state.num_input_tokens_seen += 1000
+    handler.on_log(args, state, trainer.control, logs={"loss": 2.5})
+    handler.on_log(args, state, trainer.control, logs={"eval_loss": 2.0})
+    assert Tracker.seen[0]["tokens_per_s"] > 0 and Tracker.seen[1]["eval_perplexity"] == pytest.approx(math.exp(2))

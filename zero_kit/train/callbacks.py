@@ -336,3 +336,12 @@ class EvalScheduleCallback(TrainerCallback):
         stopping_early = control.should_training_stop and not last
         if last or (self.keep_best and control.should_save and not stopping_early):
             control.should_evaluate = True
+
+
+def before_trackers(trainer, *callbacks: TrainerCallback) -> None:
+    """Move `callbacks` (in this order) to the front of the Trainer's list: it puts the --report-to integrations
+    before the callbacks it is given, and what those add to a log entry must be there when a tracker reads it."""
+    handler = trainer.callback_handler
+    for callback in reversed(callbacks):
+        handler.callbacks.remove(callback)
+        handler.callbacks.insert(0, callback)

@@ -335,6 +335,7 @@ def _trainer(run: ResolvedRun, args, model, tokenizer, data: Data, run_info: dic
         ProgressCallback,
         SaveAtEndCallback,
         ThroughputCallback,
+        before_trackers,
     )
 
     throughput = ThroughputCallback(model, seq_len=run.options.max_length, precision=run.precision)
@@ -360,9 +361,7 @@ def _trainer(run: ResolvedRun, args, model, tokenizer, data: Data, run_info: dic
         callbacks=callbacks,
     )
     trainer.remove_callback(PrinterCallback)  # our ProgressCallback prints the same, readably, on rank 0 only
-    for callback in (perplexity, throughput):  # first: the trackers' callbacks (put first by the Trainer) see
-        trainer.callback_handler.callbacks.remove(callback)  # tokens/s, MFU and perplexity in the same log entry
-        trainer.callback_handler.callbacks.insert(0, callback)
+    before_trackers(trainer, throughput, perplexity)  # the trackers get tokens/s, MFU and perplexity too
     return trainer, preemption
 
 
