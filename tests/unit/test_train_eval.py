@@ -57,8 +57,11 @@ def test_a_tracker_whose_package_is_missing_is_one_error_with_the_pip_command(mo
         monkeypatch.setitem(sys.modules, name, None)  # what Python itself takes for "not importable"
     with pytest.raises(UserError) as err:
         check_inputs(TrainOptions(report_to=tracker), output=False)
-    assert f"--report-to {tracker}: the package {tracker} is not installed" in str(err.value)
+    assert f"--report-to {tracker}: package not installed (in {sys.executable}): {tracker}" in str(err.value)
     assert f"pip install {tracker}" in str(err.value)
+    with pytest.raises(UserError) as err:
+        check_inputs(TrainOptions(report_to="mlflow,tensorboard"), output=False)
+    assert "pip install mlflow tensorboard," in str(err.value)  # every missing one in one error
 
 
 def test_held_out_is_fixed_by_the_seed_disjoint_and_in_order():

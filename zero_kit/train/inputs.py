@@ -77,12 +77,14 @@ def _check_trackers(opts: TrainOptions) -> None:
     from zero_kit.train.options import TRACKERS, report_targets
 
     packages = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",)}
-    for name in report_targets(opts.report_to):
-        if name in TRACKERS and not any(importlib.util.find_spec(pkg) for pkg in packages[name]):
-            raise UserError(
-                f"--report-to {name}: the package {packages[name][0]} is not installed (in {sys.executable})",
-                f"pip install {packages[name][0]}, or drop {name} from --report-to",
-            )
+    missing = [name for name in report_targets(opts.report_to) if name in TRACKERS
+               and not any(importlib.util.find_spec(pkg) for pkg in packages[name])]  # fmt: skip
+    if missing:
+        names = ", ".join(packages[name][0] for name in missing)
+        raise UserError(
+            f"--report-to {','.join(missing)}: package not installed (in {sys.executable}): {names}",
+            f"pip install {' '.join(packages[name][0] for name in missing)}, or drop {names} from --report-to",
+        )
 
 
 def _check_rows(flag: str, path: str, opts: TrainOptions) -> None:
