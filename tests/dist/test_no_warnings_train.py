@@ -1,4 +1,4 @@
-"""No warnings of our own: a 1-rank `zero-kit train` (LoRA, so peft's path runs too) records every warning raised
+"""No warnings of our own: a 1-rank `zero-kit train` (LoRA, so peft's path runs too; with an evaluation) records every warning raised
 in its process and none is one that zero_kit's own code or arguments cause. Library warnings about the libraries'
 own internals are theirs and may come and go between releases; these are the ones a user could only fix in our
 code (a deprecated keyword we pass, a deprecated attribute read on our behalf, a warning raised in zero_kit/)."""
@@ -48,6 +48,7 @@ def own(records: list[dict], package: str) -> list[dict]:
 def test_a_one_rank_lora_train_raises_no_warning_of_ours(tmp_path):
     report = tmp_path / "warnings.json"
     args = ["train", "--stage", "2", "--max-steps", "1", "--lora-r", "4", "--output", str(tmp_path / "run"), *FAST]
+    args += ["--val-size", "0.05"]  # the Trainer's evaluate() too, with our eval arguments
     proc = subprocess.run(
         [sys.executable, "-c", RECORDER, str(report), *args], capture_output=True, text=True, timeout=300, env=env()
     )

@@ -56,8 +56,10 @@ __all__ = [
     "collate",
     "default_data_path",
     "guess_format",
+    "held_out",
     "load_dataset_rows",
     "tokenize_dataset",
+    "tokenize_split",
 ]
 
 ASSET_DATA = Path(__file__).resolve().parents[1] / "assets" / "data"
@@ -185,8 +187,47 @@ def tokenize_dataset(
     rows: Rows | list[Any], tokenizer, fmt: str | None, max_length: int, *, skip_bad: bool = False, pack: bool = False
 ):
     """(datasets.Dataset with input_ids/labels/attention_mask[/position_ids when packed], DataStats)."""
-    from datasets import Dataset
+    examples, stats, pad_id = _examples(rows, tokenizer, fmt, max_length, skip_bad)
+    return _to_dataset(examples, max_length, pad_id, pack, stats), stats
 
+
+def tokenize_split(
+    rows: Rows | list[Any],
+    tokenizer,
+    fmt: str | None,
+    max_length: int,
+    *,
+    val_size: float,
+    seed: int,
+    skip_bad: bool = False,
+    pack: bool = False,
+):
+    """(train Dataset, eval Dataset, DataStats of the training part): the examples are held out after tokenizing
+    and before packing (`held_out`), so both parts are masked and packed exactly as training data is."""
+    examples, stats, pad_id = _examples(rows, tokenizer, fmt, max_length, skip_bad)
+    train_index, eval_index = held_out(len(examples), val_size, seed)
+    eval_stats = DataStats()
+    eval_set = _to_dataset([examples[i] for i in eval_index], max_length, pad_id, pack, eval_stats)
+    train_set = _to_dataset([examples[i] for i in train_index], max_length, pad_id, pack, stats)
+    return train_set, eval_set, stats
+
+
+def held_out(count: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(train, eval) indices of `count` examples: round(count x fraction), at least one, held out by a shuffle
+    seeded with `seed` (the same split on every rank and every run), each part in its original order."""
+    import random
+
+    n_eval = max(1, round(count * fraction))
+    if n_eval >= count:
+        raise UserError(
+            f"--val-size {fraction:g} holds out {n_eval} of {count} examples: none is left to train on",
+            "lower --val-size, or pass --eval-data FILE",
+        )
+    chosen = set(random.Random(seed).sample(range(count), n_eval))
+    return [i for i in range(count) if i not in chosen], sorted(chosen)
+
+
+def _examples(rows: Rows | list[Any], tokenizer, fmt: str | None, max_length: int, skip_bad: bool):
     rows = _as_rows(rows, fmt)
     fmt = fmt or rows.fmt or guess_format(rows.sources[0].columns)
     _check_format(fmt)
@@ -199,14 +240,20 @@ def tokenize_dataset(
     examples = _encode_all(rows, tokenizer, fmt, max_length, skip_bad, stats)
     if not examples:
         raise UserError(f"no usable rows: {stats.summary()}", "check the format and the data files")
+    # Filler tokens are their own segment with no loss, so any id works when a raw tokenizer lacks pad.
+    pad_id = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
+    return examples, stats, pad_id
+
+
+def _to_dataset(examples: list, max_length: int, pad_id: int, pack: bool, stats: DataStats):
+    from datasets import Dataset
+
     stats.rows_kept = len(examples)
     stats.tokens = sum(len(ids) for ids, _ in examples)
     stats.trained_tokens = sum(sum(label != IGNORE_INDEX for label in labels) for _, labels in examples)
-    # Filler tokens are their own segment with no loss, so any id works when a raw tokenizer lacks pad.
-    pad_id = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
     columns = pack_examples(examples, max_length, pad_id) if pack else _plain_columns(examples)
     stats.sequences = len(columns["input_ids"])
-    return Dataset.from_dict(columns), stats
+    return Dataset.from_dict(columns)
 
 
 def _plain_columns(examples: list) -> dict[str, list]:

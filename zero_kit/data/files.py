@@ -287,3 +287,22 @@ def read_source(path: str) -> RowSource:
     if not len(source.rows):
         raise UserError(f"{path}: holds no rows", "pass a file with at least one example")
     return source
+
+
+def count_rows(path: str) -> int | None:
+    """Rows in `path` when that is cheap to know (a file of at most PEEK_BYTES, a Parquet file's metadata), else
+    None: the input checks say a --val-size that leaves no training rows before any work where they can."""
+    location = Path(path)
+    kind = SUFFIXES.get(location.suffix.lower())
+    if location.is_dir() or kind is None or not location.is_file():
+        return None
+    if kind == "parquet":
+        import pyarrow.parquet
+
+        try:
+            return pyarrow.parquet.ParquetFile(path).metadata.num_rows
+        except Exception:  # not readable: peek_source says so
+            return None
+    if location.stat().st_size > PEEK_BYTES:
+        return None
+    return len(read_source(path).rows)

@@ -18,20 +18,26 @@ from zero_kit.train.stopping import LOG_FILE
 
 
 class ProgressCallback(TrainerCallback):
-    """Rank 0: one line per logged step (step, loss, lr, tokens/s, ETA) and the same record in OUTPUT/train_log.jsonl."""
+    """Rank 0: one line per logged step (step, loss, lr, tokens/s, ETA) and the same record in OUTPUT/train_log.jsonl;
+    the same for each evaluation (step, eval_loss, eval_perplexity), and the eval results at the end."""
 
     def __init__(self, output_dir: Path, throughput):
         self.log_path = output_dir / LOG_FILE
         self.throughput = throughput
         self._start = time.perf_counter()
         self._start_step = 0
+        self.evals: list[dict] = []
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._start = time.perf_counter()
         self._start_step = state.global_step
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs or "loss" not in logs:
+        if not state.is_world_process_zero or not logs:
+            return
+        if "eval_loss" in logs:
+            self._log_eval(state.global_step, logs)
+        if "loss" not in logs:
             return
         elapsed = time.perf_counter() - self._start
         done = state.global_step - self._start_step
@@ -49,15 +55,31 @@ class ProgressCallback(TrainerCallback):
             "elapsed_s": round(elapsed, 2),
             "eta_s": None if eta is None else round(eta, 1),
         }
-        with open(self.log_path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        self._append(record)
         print(_progress_line(record), flush=True)
 
+    def _log_eval(self, step: int, logs: dict) -> None:
+        from zero_kit.train.evaluation import perplexity
+
+        loss = logs["eval_loss"]
+        record = {"step": step, "eval_loss": loss, "eval_perplexity": logs.get("eval_perplexity", perplexity(loss))}
+        self.evals.append(record)
+        self._append(record)
+        print(f"eval at step {step}: {_eval_words(record)}", flush=True)
+
+    def _append(self, record: dict) -> None:
+        with open(self.log_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
     def on_train_end(self, args, state, control, **kwargs):
-        """Rank 0 draws OUTPUT/loss.png from the log (also after a stop: what was trained so far). A picture that
-        cannot be drawn costs the run nothing: one line says why."""
+        """Rank 0 says the eval results and draws OUTPUT/loss.png from the log (also after a stop: what was trained
+        so far). A picture that cannot be drawn costs the run nothing: one line says why."""
         if not state.is_world_process_zero:
             return
+        if self.evals:
+            best = min(self.evals, key=lambda r: r["eval_loss"])
+            print(f"zero-kit train: eval at the last step {self.evals[-1]['step']}: {_eval_words(self.evals[-1])}; "
+                  f"best at step {best['step']}: {_eval_words(best)}", flush=True)  # fmt: skip
         from zero_kit.train.plots import write_loss_plot
 
         try:
@@ -86,6 +108,10 @@ def _progress_line(r: dict) -> str:
     return "  ".join(parts)
 
 
+def _eval_words(record: dict) -> str:
+    return f"eval loss {record['eval_loss']:.4f}, perplexity {record['eval_perplexity']:.3f}"
+
+
 def _clock(seconds: float) -> str:
     minutes, sec = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
@@ -98,11 +124,13 @@ class CompleteCheckpointCallback(TrainerCallback):
     zero_kit.train.checkpoint), then old complete checkpoints are rotated out. Add it after every callback that may
     ask for a save (its `on_step_end` reads the step's final save decision)."""
 
-    def __init__(self, output_dir: Path, keep: int | None, run_info: dict):
+    def __init__(self, output_dir: Path, keep: int | None, run_info: dict, keep_best: bool = False):
         self.output_dir = output_dir
         self.keep = keep
+        self.keep_best = keep_best
         self.run_info = run_info
         self._foreign: set[str] = set()
+        self._eval: tuple[int, float] | None = None  # (step, eval loss) of the latest evaluation
 
     def on_train_begin(self, args, state, control, **kwargs):
         # Taken when training begins: after rank 0 cleared zero-kit's leftovers (job._clear_earlier, then a barrier)
@@ -130,6 +158,11 @@ class CompleteCheckpointCallback(TrainerCallback):
             )
         checkpoint.mark_partial(ckpt)
 
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        # The Trainer evaluates before it saves in the same step: that save's manifest records this loss.
+        if metrics and isinstance(metrics.get("eval_loss"), (int, float)):
+            self._eval = (state.global_step, float(metrics["eval_loss"]))
+
     def on_save(self, args, state, control, **kwargs):
         ckpt = self.output_dir / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero:
@@ -137,8 +170,10 @@ class CompleteCheckpointCallback(TrainerCallback):
         checkpoint.fsync_tree(ckpt)
         barrier()
         if state.is_world_process_zero:
-            checkpoint.write_manifest(ckpt, step=state.global_step, world_size=args.world_size)
-            checkpoint.rotate(self.output_dir, self.keep)
+            evaluated = self._eval is not None and self._eval[0] == state.global_step
+            eval_loss = self._eval[1] if evaluated else None
+            checkpoint.write_manifest(ckpt, step=state.global_step, world_size=args.world_size, eval_loss=eval_loss)
+            checkpoint.rotate(self.output_dir, self.keep, keep_best=self.keep_best)
         barrier()
 
 
@@ -275,3 +310,38 @@ def _flops_per_token(model, seq_len: int | None) -> float | None:
     n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     seq = seq_len or getattr(config, "max_position_embeddings", 0)
     return metrics.flops_per_token(n_params, config.num_hidden_layers, config.hidden_size, seq)
+
+
+class PerplexityCallback(TrainerCallback):
+    """Adds eval_perplexity to the Trainer's eval log entry. It must run before the trackers' callbacks (which the
+    Trainer puts first): zero_kit.train.job moves it to the front. See zero_kit.train.evaluation."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is not None and isinstance(logs.get("eval_loss"), (int, float)):
+            from zero_kit.train.evaluation import perplexity
+
+            logs["eval_perplexity"] = perplexity(logs["eval_loss"])
+
+
+class EvalScheduleCallback(TrainerCallback):
+    """Evaluate at the last step (the Trainer does only with --eval-steps) and, with `keep_best`, before every
+    save. Add it after every callback that may ask for a save. A stop on a signal saves without evaluating: the
+    grace period is for the save."""
+
+    def __init__(self, keep_best: bool):
+        self.keep_best = keep_best
+
+    def on_step_end(self, args, state, control, **kwargs):
+        last = state.global_step >= state.max_steps
+        stopping_early = control.should_training_stop and not last
+        if last or (self.keep_best and control.should_save and not stopping_early):
+            control.should_evaluate = True
+
+
+def before_trackers(trainer, *callbacks: TrainerCallback) -> None:
+    """Move `callbacks` (in this order) to the front of the Trainer's list: it puts the --report-to integrations
+    before the callbacks it is given, and what those add to a log entry must be there when a tracker reads it."""
+    handler = trainer.callback_handler
+    for callback in reversed(callbacks):
+        handler.callbacks.remove(callback)
+        handler.callbacks.insert(0, callback)

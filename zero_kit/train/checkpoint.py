@@ -82,9 +82,12 @@ def _file_sizes(root: Path) -> dict[str, int]:
     return sizes
 
 
-def write_manifest(checkpoint_dir: Path, *, step: int, world_size: int) -> None:
-    """Rank 0, after the barrier that follows every rank's fsync: declare the checkpoint complete."""
+def write_manifest(checkpoint_dir: Path, *, step: int, world_size: int, eval_loss: float | None = None) -> None:
+    """Rank 0, after the barrier that follows every rank's fsync: declare the checkpoint complete. `eval_loss`: that
+    of this step's weights, when they were evaluated (--keep-best reads it back, `best_complete`)."""
     manifest = {"step": step, "world_size": world_size, "files": _file_sizes(checkpoint_dir)}
+    if eval_loss is not None:
+        manifest["eval_loss"] = eval_loss
     atomic_write_text(checkpoint_dir / MANIFEST, json.dumps(manifest, indent=1) + "\n")
     (checkpoint_dir / PARTIAL_MARK).unlink(missing_ok=True)  # the manifest now says "ours"; the mark is not listed
     atomic_write_text(checkpoint_dir.parent / POINTER, checkpoint_dir.name + "\n")
@@ -180,12 +183,31 @@ def remove_incomplete(output_dir: Path) -> list[Path]:
     return removed
 
 
-def rotate(output_dir: Path, keep: int | None) -> list[Path]:
-    """Keep the newest `keep` complete checkpoints; never delete the pointer's target."""
+def eval_loss_of(checkpoint_dir: Path) -> float | None:
+    """The eval loss its manifest records (None: not evaluated, or not complete)."""
+    try:
+        value = json.loads((checkpoint_dir / MANIFEST).read_text(encoding="utf-8")).get("eval_loss")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def best_complete(output_dir: Path) -> Path | None:
+    """The complete checkpoint with the lowest recorded eval loss (the newer one on a tie), or None."""
+    scored = [
+        (loss, p) for p in list_checkpoints(output_dir) if is_complete(p) and (loss := eval_loss_of(p)) is not None
+    ]
+    return min(scored, key=lambda item: (item[0], -checkpoint_step(item[1])))[1] if scored else None
+
+
+def rotate(output_dir: Path, keep: int | None, keep_best: bool = False) -> list[Path]:
+    """Keep the newest `keep` complete checkpoints (and with `keep_best` the one of the lowest eval loss besides);
+    never delete the pointer's target."""
     if keep is None:
         return []
     complete = [p for p in list_checkpoints(output_dir) if is_complete(p)]
-    removed = complete[:-keep] if len(complete) > keep else []
+    best = best_complete(output_dir) if keep_best else None
+    removed = [p for p in (complete[:-keep] if len(complete) > keep else []) if p != best]
     for path in removed:
         _delete_ours(path)
     return removed

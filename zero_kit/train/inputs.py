@@ -11,6 +11,7 @@ Nothing is created."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from zero_kit.errors import UserError, check_writable_dir, raise_all, read_text
@@ -25,7 +26,17 @@ def check_inputs(opts: TrainOptions, *, output: bool = True) -> None:
     (every machine problem in one message); a parent that relaunches checks it here, the ranks' preflight being
     half a minute away."""
     problems: list[UserError] = []
-    checks = (_check_data, _check_model, _check_output, _check_hostfile, _check_ds_config, _check_resume)
+    checks = (
+        _check_data,
+        _check_eval_data,
+        _check_val_size,
+        _check_trackers,
+        _check_model,
+        _check_output,
+        _check_hostfile,
+        _check_ds_config,
+        _check_resume,
+    )
     for check in checks if output else [c for c in checks if c is not _check_output]:
         try:
             check(opts)
@@ -35,19 +46,60 @@ def check_inputs(opts: TrainOptions, *, output: bool = True) -> None:
 
 
 def _check_data(opts: TrainOptions) -> None:
+    if opts.data is not None:  # else the bundled dataset of --format
+        _check_rows("--data", opts.data, opts)
+
+
+def _check_eval_data(opts: TrainOptions) -> None:
+    if opts.eval_data is not None:
+        _check_rows("--eval-data", opts.eval_data, opts)
+
+
+def _check_val_size(opts: TrainOptions) -> None:
+    """A split that leaves no training rows, where the row count is cheap to know (the ranks check it anyway)."""
+    from zero_kit.data.dataset import default_data_path, held_out
+    from zero_kit.data.files import count_rows
+
+    if opts.val_size is None or not 0 < opts.val_size < 1:
+        return  # none asked, or check_options said it
+    try:
+        count = count_rows(opts.data or default_data_path(opts.format))
+    except UserError:
+        return  # _check_data names what is wrong with the file
+    if count is not None:
+        held_out(count, opts.val_size, opts.seed)
+
+
+def _check_trackers(opts: TrainOptions) -> None:
+    """Each --report-to tracker's package, before any work (the HF Trainer would fail on every rank after the model
+    load). TensorBoard: the HF callback writes through torch.utils.tensorboard (needs `tensorboard`) or tensorboardX."""
+    import importlib.util
+
+    from zero_kit.train.options import TRACKERS, report_targets
+
+    packages = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",)}
+    missing = [name for name in report_targets(opts.report_to) if name in TRACKERS
+               and not any(importlib.util.find_spec(pkg) for pkg in packages[name])]  # fmt: skip
+    if missing:
+        names = ", ".join(packages[name][0] for name in missing)
+        raise UserError(
+            f"--report-to {','.join(missing)}: package not installed (in {sys.executable}): {names}",
+            f"pip install {' '.join(packages[name][0] for name in missing)}, or drop {names} from --report-to",
+        )
+
+
+def _check_rows(flag: str, path: str, opts: TrainOptions) -> None:
     from zero_kit.data.files import peek_source
     from zero_kit.data.formats import FORMATS, BadRow, check_row
 
-    if opts.data is None:
-        return  # the bundled dataset of --format
     try:
-        source, columns_known = peek_source(opts.data)
+        source, columns_known = peek_source(path)
     except UserError as err:
-        raise UserError(f"--data {err.message}", err.fix) from None
+        raise UserError(f"{flag} {err.message}", err.fix) from None
     missing = [column for column in FORMATS[opts.format] if column not in source.columns]
     if columns_known and missing:
         raise UserError(
-            f"--data {source.path}: missing column(s) {missing} needed by --format {opts.format}"
+            f"{flag} {source.path}: missing column(s) {missing} needed by --format {opts.format}"
             f" (has {source.columns[:12]})",
             "rename the columns, or pass the right --format",
         )
@@ -58,7 +110,7 @@ def _check_data(opts: TrainOptions) -> None:
             check_row(row, opts.format)
         except BadRow as bad:
             raise UserError(
-                f"--data {source.where(index)}: {bad.detail} (--format {opts.format})",
+                f"{flag} {source.where(index)}: {bad.detail} (--format {opts.format})",
                 "fix the row, pass the right --format, or use --skip-bad to skip and count such rows",
             ) from None
 

@@ -19,6 +19,7 @@ from zero_kit.dist import barrier, end_process_group, free_port, single_process_
 from zero_kit.errors import UserError
 from zero_kit.model import check_trusted, resolve_model
 from zero_kit.train import checkpoint, preflight, resume, runfile, stopping, universal
+from zero_kit.train.evaluation import eval_dataset, trainer_arguments
 from zero_kit.train.inputs import check_inputs
 from zero_kit.train.options import TrainOptions, check_options
 from zero_kit.train.relaunch import RELAUNCHED, relaunch
@@ -32,6 +33,7 @@ class Data(NamedTuple):
     dataset: Any
     collator: Any
     stats: Any
+    eval_dataset: Any = None
 
 
 def run_train(opts: TrainOptions) -> int:
@@ -75,6 +77,8 @@ def _rank_environment(opts: TrainOptions) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if opts.run_name:  # TensorBoard names its directory by date and host; the user's variable wins
+        os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(opts.output) / "runs" / opts.run_name))
     os.environ.update({k: v for k, v in nccl_watchdog_env(opts.stall_timeout).items() if k not in os.environ})
 
 
@@ -114,7 +118,7 @@ def _train(run: ResolvedRun, args, heartbeat: Heartbeat | None) -> int:
     starting()
     data = _build_data(run.options, tokenizer)
     starting()
-    run_info = _record_start(run, held, data.stats, resume_from)
+    run_info = _record_start(run, held, data, resume_from)
     trainer, preemption = _trainer(run, args, model, tokenizer, data, run_info, heartbeat)
     _clear_earlier(run)  # the model, the data and the Trainer are built: now earlier work may go
     with preflight.disk_errors_as_user_errors(run.output):  # a disk that fills up mid-run: a message, no traceback
@@ -164,7 +168,7 @@ def _training_arguments(run: ResolvedRun):
         fp16=run.precision == "fp16",
         **{checkpointing: opts.activation_checkpointing},
         include_num_input_tokens_seen="non_padding",
-        report_to=[],
+        **trainer_arguments(opts, run.micro_batch),  # evaluation, and the trackers of --report-to
         disable_tqdm=True,
         remove_unused_columns=False,
         dataloader_num_workers=0,
@@ -277,20 +281,25 @@ def _build_data(opts: TrainOptions, tokenizer) -> Data:
     from zero_kit.data import dataset as zk_data
 
     rows = zk_data.load_dataset_rows([opts.data] if opts.data else None, opts.format)
-    dataset, stats = zk_data.tokenize_dataset(
-        rows, tokenizer, opts.format, opts.max_length, skip_bad=opts.skip_bad, pack=opts.pack
-    )
-    return Data(dataset, zk_data.DataCollator(tokenizer.pad_token_id), stats)
+    collator = zk_data.DataCollator(tokenizer.pad_token_id)
+    shape = {"skip_bad": opts.skip_bad, "pack": opts.pack}
+    if opts.val_size is not None:  # a seeded hold-out: the same split on every rank
+        train, held, stats = zk_data.tokenize_split(
+            rows, tokenizer, opts.format, opts.max_length, val_size=opts.val_size, seed=opts.seed, **shape
+        )
+        return Data(train, collator, stats, held)
+    dataset, stats = zk_data.tokenize_dataset(rows, tokenizer, opts.format, opts.max_length, **shape)
+    return Data(dataset, collator, stats, eval_dataset(opts, tokenizer))
 
 
-def _record_start(run: ResolvedRun, held: dict, stats, resume_from: Path | None) -> dict:
+def _record_start(run: ResolvedRun, held: dict, data: Data, resume_from: Path | None) -> dict:
     """The run record: rank 0 writes it to OUTPUT and prints the start lines; every checkpoint gets a copy."""
-    run_info = _run_info(run, held, stats)
+    run_info = _run_info(run, held, data.stats)
     if run.machine.rank == 0:
         run.output.mkdir(parents=True, exist_ok=True)
         checkpoint.atomic_write_text(run.output / checkpoint.RUN_INFO, json.dumps(run_info, indent=1) + "\n")
         runfile.write_effective(run.options, run.output)
-        _print_start(run, held, stats, resume_from)
+        _print_start(run, held, data.stats, resume_from, None if data.eval_dataset is None else len(data.eval_dataset))
     return run_info
 
 
@@ -308,7 +317,7 @@ def _run_info(run: ResolvedRun, held: dict, stats) -> dict:
     }
 
 
-def _print_start(run: ResolvedRun, held: dict, stats, resume_from: Path | None) -> None:
+def _print_start(run: ResolvedRun, held: dict, stats, resume_from: Path | None, eval_size: int | None) -> None:
     per_rank = ", ".join(f"{n:,}" for n in held["elements_held_per_rank"])
     tuning = f"LoRA r={run.options.lora_r}" if run.options.lora_r else "full fine-tuning"
     print(
@@ -317,6 +326,8 @@ def _print_start(run: ResolvedRun, held: dict, stats, resume_from: Path | None) 
         flush=True,
     )
     print(f"zero-kit train: {stats.summary()}", flush=True)
+    if eval_size is not None:
+        print(f"zero-kit train: evaluation on {eval_size} sequences", flush=True)
     print(f"zero-kit train: {'resuming from ' + str(resume_from) if resume_from else 'starting fresh'}", flush=True)
 
 
@@ -326,32 +337,40 @@ def _trainer(run: ResolvedRun, args, model, tokenizer, data: Data, run_info: dic
 
     from zero_kit.train.callbacks import (
         CompleteCheckpointCallback,
+        EvalScheduleCallback,
         HeartbeatCallback,
+        PerplexityCallback,
         PreemptionCallback,
         ProgressCallback,
         SaveAtEndCallback,
         ThroughputCallback,
+        before_trackers,
     )
 
     throughput = ThroughputCallback(model, seq_len=run.options.max_length, precision=run.precision)
     preemption = PreemptionCallback(run.machine.rank, alone=run.machine.world_size == 1)
+    opts, perplexity = run.options, PerplexityCallback()
     callbacks = [
         throughput,
+        perplexity,
         ProgressCallback(run.output, throughput),
         SaveAtEndCallback(),
         preemption,
-        CompleteCheckpointCallback(run.output, run.options.save_total_limit, run_info),
+        *([EvalScheduleCallback(opts.keep_best)] if data.eval_dataset is not None else []),  # sees the save decision
+        CompleteCheckpointCallback(run.output, opts.save_total_limit, run_info, keep_best=opts.keep_best),
         *([HeartbeatCallback(heartbeat)] if heartbeat is not None else []),  # last: sees this step's save decision
     ]
     trainer = Trainer(
         model=model,
         args=args,
         train_dataset=data.dataset,
+        eval_dataset=data.eval_dataset,
         data_collator=data.collator,
         processing_class=tokenizer,
         callbacks=callbacks,
     )
     trainer.remove_callback(PrinterCallback)  # our ProgressCallback prints the same, readably, on rank 0 only
+    before_trackers(trainer, throughput, perplexity)  # the trackers get tokens/s, MFU and perplexity too
     return trainer, preemption
 
 
@@ -367,7 +386,8 @@ def _export_final(run: ResolvedRun) -> None:
         unset_hf_deepspeed_config()
 
         output = run.output
-        ckpt = checkpoint.newest_complete(output)
+        best = checkpoint.best_complete(output) if run.options.keep_best else None
+        ckpt = best or checkpoint.newest_complete(output)
         if ckpt is None:
             raise UserError(f"no complete checkpoint in {output} to export", "run with --save-steps or check the log")
         result = export_checkpoint(

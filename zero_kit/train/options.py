@@ -37,6 +37,20 @@ class TrainOptions(ZeroOptions):
     """Pack short examples into full --max-length sequences (labels never cross example boundaries)."""
     skip_bad: bool = False
     """Skip (and count in the log) bad rows instead of stopping with an error naming file and row."""
+    eval_data: str | None = None
+    """Evaluation data (same kinds and --format as --data), tokenized, masked and packed as for training."""
+    val_size: float | None = None
+    """Hold out this fraction of --data (between 0 and 1) for evaluation: a fixed split chosen by --seed."""
+    eval_steps: int | None = None
+    """Evaluate every N optimizer steps (eval loss and perplexity); with eval data there is always one at the end."""
+    keep_best: bool = False
+    """Keep the checkpoint with the lowest eval loss out of --save-total-limit rotation and export it to final/
+    (every save is evaluated first)."""
+    report_to: str = "none"
+    """Experiment trackers, comma-separated: none, tensorboard, wandb, mlflow (the HF Trainer's integrations; the
+    package must be installed)."""
+    run_name: str | None = None
+    """Name of the run in the trackers (default: the tracker's own)."""
     ds_config: str | None = None
     """An existing DeepSpeed JSON config (linted for the HF Trainer first). Excludes --stage and the offload flags."""
     stage: Literal[0, 1, 2, 3] | None = None
@@ -120,7 +134,7 @@ def check_options(opts: TrainOptions) -> None:
         problems.append(UserError("--lora-alpha was given without --lora-r", "add --lora-r R, or drop --lora-alpha"))
     if opts.resume in ("", None):
         problems.append(UserError("--resume is empty", "pass --resume auto, --resume never or --resume CHECKPOINT_DIR"))
-    raise_all(problems + _range_problems(opts), "in the flags")
+    raise_all(problems + _range_problems(opts) + _eval_problems(opts), "in the flags")
 
 
 def _range_problems(opts: TrainOptions) -> list[UserError]:
@@ -144,6 +158,43 @@ def _range_problems(opts: TrainOptions) -> list[UserError]:
     if opts.collective_timeout < 1:
         bad.append(_not_positive("collective_timeout", opts.collective_timeout))
     return bad
+
+
+def _eval_problems(opts: TrainOptions) -> list[UserError]:
+    """The evaluation and tracking flags among themselves (whether the files exist: zero_kit.train.inputs)."""
+    bad = []
+    if opts.eval_data is not None and opts.val_size is not None:
+        bad.append(UserError("--eval-data and --val-size were both given", "pass one of them: a file, or a split"))
+    if opts.val_size is not None and not 0 < opts.val_size < 1:
+        bad.append(UserError(f"--val-size must be between 0 and 1, got {opts.val_size:g}", "e.g. --val-size 0.05"))
+    for flag, given in (("--eval-steps", opts.eval_steps is not None), ("--keep-best", opts.keep_best)):
+        if given and not evaluates(opts):
+            bad.append(
+                UserError(f"{flag} was given without evaluation data", "add --eval-data FILE or --val-size 0.05")
+            )
+    if opts.eval_steps is not None and opts.eval_steps < 1:
+        bad.append(_not_positive("eval_steps", opts.eval_steps))
+    targets = report_targets(opts.report_to)
+    unknown = [name for name in targets if name not in (*TRACKERS, "none")]
+    if unknown or not targets:
+        bad.append(UserError(f"--report-to {opts.report_to!r}: unknown {', '.join(unknown) or 'empty value'}",
+                             f"pass none, or some of {', '.join(TRACKERS)} separated by commas"))  # fmt: skip
+    elif "none" in targets and len(targets) > 1:
+        bad.append(UserError(f"--report-to {opts.report_to}: none together with trackers", "drop none, or the rest"))
+    return bad
+
+
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+"""--report-to values: the HF Trainer integrations zero-kit tests (transformers' INTEGRATION_TO_CALLBACK names)."""
+
+
+def report_targets(report_to: str) -> list[str]:
+    """`tensorboard,wandb` -> ["tensorboard", "wandb"]; `none` stays (check_options refuses it beside others)."""
+    return [name.strip() for name in report_to.split(",") if name.strip()]
+
+
+def evaluates(opts: TrainOptions) -> bool:
+    return opts.eval_data is not None or opts.val_size is not None
 
 
 def _not_positive(name: str, value: int) -> UserError:
