@@ -36,6 +36,9 @@ setup(
     package_data={"zero_kit": ["assets/*", "assets/**/*"]},
     include_package_data=True,
     install_requires=[f"{name}{spec}" for name, spec in REQUIRES.items()],
-    extras_require={"dev": ["pytest>=8", "ruff>=0.6", "hypothesis>=6.100"]},
+    extras_require={
+        # tensorboard: `zero-kit train --report-to tensorboard` is tested by reading its event files back
+        "dev": ["pytest>=8", "ruff>=0.6", "hypothesis>=6.100", "tensorboard>=2.14"],
+    },
     entry_points={"console_scripts": ["zero-kit=zero_kit.cli:console"]},
 )

@@ -2,7 +2,8 @@
 step through the HF Trainer's evaluate() on both ranks (each holds half of every weight), its loss and perplexity
 reach train_log.jsonl, the progress lines and the end report, and each checkpoint's manifest. The eval loss of the
 exported weights equals a plain single-process evaluation of them (fp32). --keep-best: the checkpoint of the lowest
-eval loss stays out of --save-total-limit 1 rotation and is what final/ holds. ~60 s on 2 CPU cores."""
+eval loss stays out of --save-total-limit 1 rotation and is what final/ holds. --report-to tensorboard: the event
+files, read back with TensorBoard's reader, hold the same eval losses. ~60 s on 2 CPU cores."""
 
 from __future__ import annotations
 
@@ -56,7 +57,9 @@ def test_zero3_two_ranks_eval_and_keep_best(tmp_path):
     flags = ["--nproc", "2", "--stage", "3", "--max-steps", str(STEPS), "--output", str(out), *FAST]
     # a learning rate far too high, so that a later step is worse and the best checkpoint is not the last one
     evals = ["--eval-data", str(eval_file), "--eval-steps", "1", "--save-steps", "1", "--save-total-limit", "1"]
-    proc = run(zero_kit("train", *flags, *evals, "--keep-best", "--lr", "0.05", "--precision", "fp32"), timeout=300)
+    tracking = ["--report-to", "tensorboard", "--run-name", "evalrun"]
+    proc = run(zero_kit("train", *flags, *evals, *tracking, "--keep-best", "--lr", "0.05", "--precision", "fp32"),
+               timeout=300)  # fmt: skip
     records = [r for r in log_records(out) if "eval_loss" in r]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1)), records
     assert all(math.isclose(r["eval_perplexity"], math.exp(r["eval_loss"])) for r in records)
@@ -69,3 +72,18 @@ def test_zero3_two_ranks_eval_and_keep_best(tmp_path):
     assert manifest["eval_loss"] == best["eval_loss"]
     assert f"exported checkpoint-{best['step']} to" in proc.stdout
     assert _plain_eval_loss(out / "final", eval_file) == pytest.approx(best["eval_loss"], rel=1e-5)
+    _assert_tensorboard_has(out / "runs" / "evalrun", records)
+
+
+def _assert_tensorboard_has(logdir: Path, records: list[dict]) -> None:
+    """The HF Trainer's TensorBoard integration wrote the eval loss and perplexity of every evaluation and
+    zero-kit's tokens/s, read back from the event files with TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    scalars = events.Tags()["scalars"]
+    assert {"eval/loss", "eval/perplexity", "train/loss", "train/tokens_per_s"} <= set(scalars), scalars
+    logged = {e.step: e.value for e in events.Scalars("eval/loss")}
+    assert logged == pytest.approx({r["step"]: r["eval_loss"] for r in records}, rel=1e-6)
+    assert [e.step for e in events.Scalars("train/tokens_per_s")] == list(range(1, STEPS + 1))
