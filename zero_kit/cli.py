@@ -28,6 +28,10 @@ COMMANDS = {
 }
 
 
+TAKES_SCRIPT_ARGS = {"validate"}
+"""Commands that take the arguments of the user's own script after `--` (as `args.script_args`)."""
+
+
 class _DropCpuAcceleratorNotice(logging.Filter):
     """DeepSpeed warns "Setting accelerator to CPU. If you have GPU ..." each time it is imported on a host
     without a GPU (deepspeed/accelerator/real_accelerator.py). zero_kit's CPU runs are CPU on purpose and
@@ -127,11 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     quiet_cpu_accelerator_notice()
     argv = strip_local_rank(sys.argv[1:] if argv is None else argv)
     only = argv[0] if argv and argv[0] in COMMANDS else None
+    after_dashes = None
+    if only in TAKES_SCRIPT_ARGS and "--" in argv:  # verbatim for someone else's parser: argparse never sees them
+        argv, after_dashes = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     parser = build_parser(only)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
+    if after_dashes is not None:
+        args.script_args = after_dashes
     try:
         return int(_command_module(args.command).run(args) or 0)
     except UserError as err:

@@ -127,13 +127,15 @@ def test_batch_is_portable_without_world_size_and_complete_with_it():
 
 def test_hf_auto_marks_what_the_trainer_fills():
     config = build_ds_config(ZeroSpec(stage=3, hf_auto=True, hidden_size=4096))
-    assert config["train_batch_size"] == config["train_micro_batch_size_per_gpu"] == "auto"
+    assert "train_batch_size" not in config  # DeepSpeed derives it; zero.Init on CPU ranks fails on it (issue 22)
+    assert config["train_micro_batch_size_per_gpu"] == "auto"
     assert config["gradient_accumulation_steps"] == config["gradient_clipping"] == "auto"
     assert config["bf16"]["enabled"] == config["fp16"]["enabled"] == "auto"
     assert set(config["optimizer"]["params"].values()) == {"auto"}
     assert config["zero_optimization"]["reduce_bucket_size"] == "auto"
-    pinned = build_ds_config(ZeroSpec(stage=3, hf_auto=True, micro_batch=2, world_size=2))
-    assert pinned["train_batch_size"] == 4
+    pinned = build_ds_config(ZeroSpec(stage=3, hf_auto=True, micro_batch=2, world_size=2, global_batch=8))
+    assert "train_batch_size" not in pinned
+    assert (pinned["train_micro_batch_size_per_gpu"], pinned["gradient_accumulation_steps"]) == (2, 2)
 
 
 def test_output_is_deterministic_and_sorted():
@@ -148,7 +150,7 @@ def test_cli_writes_json_and_accelerate_yaml(tmp_path):
     code = main(["config", "--stage", "3", "--world-size", "2", "-o", str(out), "--accelerate-yaml", str(yaml)])
     assert code == 0
     config = json.loads(out.read_text())
-    assert config["train_batch_size"] == 2 and config["train_micro_batch_size_per_gpu"] == 1
+    assert "train_batch_size" not in config and config["train_micro_batch_size_per_gpu"] == 1
     text = yaml.read_text()
     assert "distributed_type: DEEPSPEED" in text and f'deepspeed_config_file: "{out}"' in text
     assert "num_processes: 2" in text and "zero3_init_flag: true" in text

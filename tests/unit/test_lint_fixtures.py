@@ -29,8 +29,12 @@ def test_fixtures_exist():
 @pytest.mark.parametrize("path", HF_STYLE, ids=[p.name for p in HF_STYLE])
 @pytest.mark.parametrize("world_size", [None, 1, 8])
 def test_hf_style_configs_lint_clean_for_hf_trainer(path, world_size):
-    problems = lint(_load(path), LintContext(world_size=world_size, target="hf-trainer"))
-    assert {p.path for p in problems} == EXPECTED_WARNINGS.get(path.name, set()), [str(p) for p in problems]
+    config = _load(path)
+    problems = lint(config, LintContext(world_size=world_size, target="hf-trainer"))
+    expected = EXPECTED_WARNINGS.get(path.name, set())
+    if config["zero_optimization"]["stage"] == 3 and "train_batch_size" in config and world_size != 1:
+        expected = expected | {"train_batch_size"}  # zero.Init on CPU ranks fails on it (tests/unit/test_hf_batch_key)
+    assert {p.path for p in problems} == expected, [str(p) for p in problems]
     assert all(p.severity == "warning" for p in problems)
 
 

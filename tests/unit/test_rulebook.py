@@ -187,8 +187,9 @@ def test_the_walk_reaches_every_rule_with_a_flag_form():
         "bf16.bf16_master_weights_and_grads",
         "bf16.bf16_optimizer_states",
         "torch_autocast.enabled",
-        "train_batch_size",
     }
+    # train_batch_size: no longer reached. The generator writes it only for plain DeepSpeed at a known world size,
+    # where it is micro x accum x world by construction (--hf-auto leaves it out: issue 22).
     assert expected <= seen, sorted(expected - seen)
 
 

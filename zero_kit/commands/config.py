@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from zero_kit.config.builder import accelerate_yaml, dumps, generate, resolve_world_size
+from zero_kit.config.builder import RunAdjustments, accelerate_yaml, dumps, generate, resolve_world_size
 from zero_kit.config.spec import ZeroSpec
 from zero_kit.errors import UserError, check_writable_file, refuse_overwrite, write_text
 from zero_kit.options import add_dataclass_arguments, dataclass_from_args
@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--accelerate-yaml",
         metavar="FILE",
-        help="also write an `accelerate launch --config_file` YAML pointing at the JSON (needs -o; batch sizes are"
-        " written as numbers, since accelerate cannot fill them)",
+        help="also write an `accelerate launch --config_file` YAML pointing at the JSON (needs -o; micro batch and"
+        " grad accum are written as numbers, train_batch_size is left out: DeepSpeed derives it at launch)",
     )
     parser.add_argument("-o", "--output", metavar="FILE", help="write the JSON here instead of stdout")
     parser.add_argument(
@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.output, "-o", args.force)
     if args.accelerate_yaml:
         check_writable_file(args.accelerate_yaml, "--accelerate-yaml")
-    generated = generate(spec)
+    # accelerate (and the Trainer under it) builds a ZeRO-3 model before DeepSpeed counts the ranks: no global batch.
+    generated = generate(spec, RunAdjustments(global_batch_key=not args.accelerate_yaml))
     for warning in generated.warnings:  # the linter's warnings, as `zero-kit validate` gives them for the JSON
         print(f"zero-kit config: warning: {warning}", file=sys.stderr)
     text = dumps(generated.config)

@@ -1,7 +1,9 @@
-"""`zero-kit validate FILE...`: lint DeepSpeed JSON configs before launch.
+"""`zero-kit validate FILE... [--for hf-trainer -- SCRIPT ARGS]`: lint DeepSpeed JSON configs before launch.
 
 Exit 0: no errors (warnings may print); 1: errors; 2: unreadable input (missing file, invalid JSON).
 The world size comes from --world-size, else WORLD_SIZE / SLURM_NTASKS / OMPI_COMM_WORLD_SIZE.
+After `--`, the arguments of the user's own Trainer script: the config is judged against the TrainingArguments they
+give (read by transformers' own parser), and as a run on this machine unless --device says otherwise.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ class ValidateOptions:
     json: bool = False
     """Print the problems as a JSON list (each with file, severity, path, value, message, fix)."""
     device: Literal["cuda", "cpu"] | None = None
-    """What the run uses: cpu refuses CUDA-only features (ZeRO++ qwZ/qgZ). Default: not judged."""
+    """What the run uses: cpu refuses CUDA-only features (ZeRO++ qwZ/qgZ) and, with your script's arguments after
+    --, adds the traps of a CPU run. Default: not judged; with script arguments, this machine (cpu without CUDA)."""
     gpus_per_node: int | None = None
     """Ranks per node, for ZeRO++ hpZ (its partition size should divide it). Default: not judged."""
 
@@ -39,9 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="target",
         choices=("deepspeed", "hf-trainer", "accelerate"),
         default="deepspeed",
-        help='who launches the config: plain deepspeed.initialize (no "auto"), the HF Trainer, or accelerate launch',
+        help='who launches the config: plain deepspeed.initialize (no "auto"), the HF Trainer, or accelerate launch;'
+        " with hf-trainer, the arguments after -- are your script's: fixed config values that disagree with the"
+        " TrainingArguments they give are errors (the Trainer stops on them), as are the traps of a CPU run",
     )
     add_dataclass_arguments(parser, ValidateOptions)
+    parser.set_defaults(script_args=None)  # cli.main hands over what follows `--`
+    parser.epilog = "your own Trainer script: zero-kit validate ds.json --for hf-trainer -- ARGUMENTS OF YOUR SCRIPT"
 
 
 def world_size_from(flag: int | None, environ: dict[str, str]) -> tuple[int | None, str]:
@@ -88,18 +95,55 @@ def _json_safe(value: Any) -> Any:
 UNREADABLE_FIX = "pass a readable DeepSpeed JSON config file (zero-kit config -o FILE writes one)"
 
 
+def _note(text: str) -> None:
+    print(f"zero-kit validate: note: {text}", file=sys.stderr)
+
+
+def _device_here() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def script_arguments(args: argparse.Namespace) -> tuple[Any, str | None]:
+    """The TrainingArguments of the user's script (after `--`) and the device the run is judged for; (None, --device)
+    without script arguments. One note each for what is ignored or assumed."""
+    if args.script_args is None:
+        return None, args.device
+    if args.target != "hf-trainer":
+        raise UserError(
+            f"arguments after -- are your HF Trainer script's, but --for is {args.target}",
+            "add --for hf-trainer, or drop everything after --",
+        )
+    from zero_kit.lint.script_args import parse_trainer_arguments
+
+    trainer_args, ignored, deepspeed_path = parse_trainer_arguments(args.script_args)
+    if ignored:
+        _note(f"not TrainingArguments, ignored (your script's own): {' '.join(ignored)}")
+    if deepspeed_path is not None and all(os.path.abspath(deepspeed_path) != os.path.abspath(f) for f in args.files):
+        _note(f"the script's --deepspeed {deepspeed_path} is not the file judged here")
+    device = args.device or _device_here()
+    if args.device is None:
+        here = "no CUDA here" if device == "cpu" else "CUDA here"
+        _note(f"judged as a {device} run ({here}); pass --device to judge a run elsewhere")
+    return trainer_args, device
+
+
 def run(args: argparse.Namespace) -> int:
     from zero_kit.lint import LintContext, Unreadable
 
     world_size, source = world_size_from(args.world_size, dict(os.environ))
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise UserError(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}", "pass the GPUs of one node")
+    trainer_args, device = script_arguments(args)
     context = LintContext(
         world_size=world_size,
         world_size_source=source,
         target=args.target,
-        device=args.device,
+        device=device,
         ranks_per_node=args.gpus_per_node,
+        trainer_args=trainer_args,
+        accelerate_use_cpu=os.environ.get("ACCELERATE_USE_CPU"),
     )
     everything: list[dict[str, Any]] = []
     worst = EXIT_OK

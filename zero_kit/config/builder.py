@@ -189,15 +189,15 @@ def _optimizer_section(spec: ZeroSpec) -> dict[str, Any]:
     return {"type": "AdamW", "params": params}
 
 
-def _batch_section(spec: ZeroSpec) -> dict[str, Any]:
-    """The batch triple. Portable (micro + accum only, DeepSpeed derives the global batch at launch) when no
-    world size is given; all three when it is; "auto" in HF mode unless a batch flag pins a number."""
+def _batch_section(spec: ZeroSpec, global_batch_key: bool) -> dict[str, Any]:
+    """The batch keys: micro + accum ("auto" in HF mode unless a batch or world flag pins numbers); the global
+    batch too only when the world size is given, `global_batch_key` allows it and the Trainer does not consume it.
+    Left out, DeepSpeed derives it (micro x accum x the real world size) and every consumer gets the same value;
+    written, it breaks a ZeRO-3 `from_pretrained` on CPU ranks (zero.Init counts one rank, see rules_batch)."""
     world_known = any(v is not None for v in (spec.world_size, spec.nodes, spec.gpus_per_node))
     batch_given = any(v is not None for v in (spec.micro_batch, spec.grad_accum, spec.global_batch))
     if spec.hf_auto and not batch_given and not world_known:
-        return {
-            key: AUTO for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-        }
+        return {key: AUTO for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")}
     if not world_known:
         if spec.global_batch is not None:
             raise BatchSizeError(
@@ -210,11 +210,13 @@ def _batch_section(spec: ZeroSpec) -> dict[str, Any]:
         }
     world_size = resolve_world_size(spec.world_size, spec.nodes, spec.gpus_per_node)
     batch = resolve_batch(spec.micro_batch, spec.grad_accum, spec.global_batch, world_size)
-    return {
-        "train_batch_size": batch.global_batch,
+    section: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": batch.micro_batch,
         "gradient_accumulation_steps": batch.grad_accum,
     }
+    if global_batch_key and not spec.hf_auto:
+        section["train_batch_size"] = batch.global_batch
+    return section
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,9 @@ class RunAdjustments:
     """DeepSpeed's periodic log interval (raised where it would interleave with a progress display)."""
     zero_overrides: Mapping[str, Any] = field(default_factory=dict)
     """zero_optimization keys a named variant changes (the strategy registry's zero_overrides)."""
+    global_batch_key: bool = True
+    """Write train_batch_size when the world size is known (plain DeepSpeed). False for a config that accelerate or
+    the HF Trainer consumes: DeepSpeed derives the same value, and the key breaks ZeRO-3's zero.Init on CPU ranks."""
 
 
 @dataclass(frozen=True)
@@ -265,7 +270,7 @@ def build_ds_config(spec: ZeroSpec, run: RunAdjustments | None = None) -> dict[s
 
 def map_options(spec: ZeroSpec, run: RunAdjustments) -> dict[str, Any]:
     """Options to keys, unjudged (the batch and world flags are resolved here, and refused if they contradict)."""
-    config: dict[str, Any] = _batch_section(spec)
+    config: dict[str, Any] = _batch_section(spec, run.global_batch_key)
     config["gradient_clipping"] = AUTO if spec.hf_auto else spec.gradient_clipping
     config.update(_precision_sections(spec))
     low_precision = low_precision_sections(spec)
@@ -294,7 +299,8 @@ def dumps(config: dict[str, Any]) -> str:
 
 def accelerate_yaml(config_path: str, world_size: int, nodes: int = 1, zero3_init: bool = False) -> str:
     """An `accelerate launch --config_file` YAML that hands the DeepSpeed JSON to accelerate unchanged.
-    The JSON must hold concrete batch sizes: accelerate on its own fills them for one process."""
+    The JSON holds a concrete micro batch and grad accum and no train_batch_size (`RunAdjustments.global_batch_key`):
+    accelerate fills an "auto" global batch for one process on a CPU host; DeepSpeed derives the right one."""
     lines = [
         "compute_environment: LOCAL_MACHINE",
         "distributed_type: DEEPSPEED",

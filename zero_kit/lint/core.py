@@ -22,7 +22,9 @@ Rules (E: error, W: warning):
   E "auto" where the HF Trainer does not fill it (list read off transformers), W instead where DeepSpeed drops
   it and uses its default (top level of a model section, e.g. zero_optimization.prefetch_bucket_size); W accelerate
   with train_batch_size "auto" at world size != 1 (fails only on a CPU-only host, where accelerate has no backend
-  and counts 1 process); W HF Trainer with hard-coded batch keys (must equal its TrainingArguments);
+  and counts 1 process); W HF Trainer with hard-coded batch keys (must equal its TrainingArguments); W ZeRO-3 with a
+  train_batch_size key for the HF Trainer (any value) or accelerate (a number) at world size != 1 (zero.Init parses
+  the config before DeepSpeed's communication is up on CPU ranks and counts one rank);
   E accelerate without zero_optimization.
 - E batch triple: non-positive / non-integer values, none given, train_batch_size != micro x accum x world
   (world from --world-size or the launcher env, divided by sequence_parallel_size), or not divisible when one
@@ -40,6 +42,10 @@ Rules (E: error, W: warning):
 - E optimizer/scheduler type DeepSpeed cannot build; W section without type; max_grad_norm in optimizer params:
   E for hf-trainer/accelerate (DeepSpeed builds that optimizer), W for plain deepspeed (only if the script passes none);
   E warmup_num_steps <= 0; E total_num_steps < warmup_num_steps; E data_types.*_dtype not a DeepSpeed dtype.
+- With the arguments of the user's own Trainer script (`context.trainer_args`, rules_trainer): E every fixed value the
+  HF Trainer compares with its TrainingArguments and stops on (batch keys, clipping, optimizer params, fp16/bf16,
+  scheduler lr and steps), W such a value that depends on what is unknown here (world size, dataset length); on a
+  CPU run E no use_cpu, E ZeRO-3 with train_batch_size, E/W TrainingArguments' own refusal; E ACCELERATE_USE_CPU set.
 - E NaN/Infinity anywhere; E duplicate keys (reader); W not strict JSON but hjson reads it (reader, --for deepspeed
   only; the other consumers cannot read it); E DeepSpeed's own DeepSpeedConfig parse fails at the world size.
 """
@@ -48,7 +54,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zero_kit.lint import ds_parse, rules_batch, rules_zero, rules_zeropp
+from zero_kit.lint import ds_parse, rules_batch, rules_trainer, rules_zero, rules_zeropp
 from zero_kit.lint import rules as lint_rules
 from zero_kit.lint import schema as lint_schema
 from zero_kit.lint.problem import ROOT, LintContext, Problem
@@ -97,6 +103,7 @@ def _rule_pass(config: dict, context: LintContext) -> tuple[list[Problem], int]:
     problems += rules_zero.zero_rules(config, context.target)
     problems += rules_zeropp.zeropp_rules(config, context)
     problems += lint_rules.scheduler_rules(config)
+    problems += rules_trainer.trainer_rules(config, context)
     return problems, world_size
 
 

@@ -38,6 +38,22 @@ class Problem:
 
 
 @dataclass(frozen=True)
+class TrainerArguments:
+    """The TrainingArguments a user's own script will get (parsed by transformers' HfArgumentParser in
+    `lint.script_args`), as plain values: what the HF Trainer compares the config's fixed values with."""
+
+    values: dict[str, Any]
+    """TrainingArguments field -> value (given or transformers' default)."""
+    flags: dict[str, str]
+    """TrainingArguments field -> the flag as the user typed it (only the fields given)."""
+    refused: str | None = None
+    """TrainingArguments' own check refused the arguments on this machine (its message); values are then parsed only."""
+
+    def flag(self, field: str) -> str:
+        return self.flags.get(field, f"--{field}")
+
+
+@dataclass(frozen=True)
 class LintContext:
     """What the linter cannot read from the config itself."""
 
@@ -51,6 +67,10 @@ class LintContext:
     """What the run uses: cuda or cpu (None: unknown, CUDA-only features such as ZeRO++ qwZ/qgZ are not judged)."""
     ranks_per_node: int | None = None
     """Ranks (GPUs) per node (None: unknown; hpZ's node-locality check is skipped)."""
+    trainer_args: TrainerArguments | None = None
+    """The arguments of the user's own HF Trainer script (None: not given; the mismatch rules are skipped)."""
+    accelerate_use_cpu: str | None = None
+    """ACCELERATE_USE_CPU in the run's environment (None: unset)."""
 
 
 def _show(value: Any) -> str:

@@ -126,10 +126,35 @@ _TRAINER_ARGUMENTS = {
 def integration_batch_rules(config: dict, context: LintContext) -> list[Problem]:
     """Batch keys that work or fail depending on what the HF Trainer or accelerate bring at run time."""
     if context.target == "accelerate":
-        return _accelerate_auto_batch(config, context)
+        return _accelerate_auto_batch(config, context) + zero3_init_batch(config, context)
+    if context.target == "hf-trainer" and context.trainer_args is not None:
+        return zero3_init_batch(config, context)  # rules_trainer compares the batch keys with the script's arguments
     if context.target == "hf-trainer":
-        return _trainer_hard_coded_batch(config, context)
+        return _trainer_hard_coded_batch(config, context) + zero3_init_batch(config, context)
     return []
+
+
+def zero3_init_batch(config: dict, context: LintContext) -> list[Problem]:
+    """Under ZeRO-3, transformers' from_pretrained builds the model inside deepspeed.zero.Init, which parses the
+    config with DeepSpeed's own DeepSpeedConfig. Where DeepSpeed's communication is not up yet (CPU ranks: accelerate
+    brings up torch.distributed, not deepspeed.comm), that parse counts one rank, so any train_batch_size written for
+    more ranks ("auto" as the Trainer fills it, or a number) fails its batch check. Reproduced in
+    tests/dist/test_hf_zero3_batch_key.py. accelerate drops an "auto" one itself before zero.Init."""
+    value = config.get("train_batch_size")
+    zero = config.get("zero_optimization")
+    if value is None or not isinstance(zero, dict) or zero.get("stage") != 3 or context.world_size == 1:
+        return []
+    if context.target == "accelerate" and value == "auto":
+        return []
+    message = (
+        "at ZeRO-3, from_pretrained builds the model inside deepspeed.zero.Init, which reads this config before"
+        " DeepSpeed's communication is up on CPU ranks and counts one rank: train_batch_size then fails DeepSpeed's"
+        " batch check (train_batch_size != micro * grad_accum * 1). GPU runs bring it up first and work"
+    )
+    fix = "remove train_batch_size (DeepSpeed derives it: micro x grad_accum x world size)"
+    # A user's own script on CPU ranks (script arguments given): it builds the model first, so this fails for sure.
+    severity = "error" if context.trainer_args is not None and context.device == "cpu" else "warning"
+    return [Problem(severity, "train_batch_size", value, message, fix)]
 
 
 def _accelerate_auto_batch(config: dict, context: LintContext) -> list[Problem]:
