@@ -36,9 +36,9 @@ setup(
     package_data={"zero_kit": ["assets/*", "assets/**/*"]},
     include_package_data=True,
     install_requires=[f"{name}{spec}" for name, spec in REQUIRES.items()],
-    extras_require={
-        # tensorboard: `zero-kit train --report-to tensorboard` is tested by reading its event files back
-        "dev": ["pytest>=8", "ruff>=0.6", "hypothesis>=6.100", "tensorboard>=2.14"],
-    },
+    # tensorboard: `zero-kit train --report-to tensorboard` is tested by reading its event files back.
+    # trl: a real third-party client of the generated configs (tests/dist/test_third_party_clients.py runs `trl sft`);
+    # 0.29.1 is the newest TRL whose requirements admit constraints/oldest.txt (1.x needs datasets>=4.7).
+    extras_require={"dev": ["pytest>=8", "ruff>=0.6", "hypothesis>=6.100", "tensorboard>=2.14", "trl>=0.29.1,<2"]},
     entry_points={"console_scripts": ["zero-kit=zero_kit.cli:console"]},
 )
