@@ -234,14 +234,26 @@ def _deepspeed_cuda_builder():
 
 @pytest.mark.parametrize("value", ["9.0a", "8.0;9.0a+PTX", "10.0f 12.0a"])
 def test_deepspeed_parses_the_arch_list_a_build_gets(value, monkeypatch):
-    # Seen on an H200 image that sets TORCH_CUDA_ARCH_LIST=9.0a: DeepSpeed's JIT build of fused Adam failed.
+    # Seen on an H200 image that sets TORCH_CUDA_ARCH_LIST=9.0a: DeepSpeed 0.19.8's JIT build of fused Adam failed
+    # ("invalid literal for int() with base 10: '0a'"). DeepSpeed 0.19 sorts the list's entries by int() in both of
+    # its paths (JIT and cross-compile); 0.18 reads the list only when cross-compiling and passes "9.0a" on to nvcc.
+    # Checked here through the cross-compile path, the one both versions have.
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
     builder = _deepspeed_cuda_builder()
+    builder.jit_mode = False
     monkeypatch.setenv(ops.ARCH, value)
-    builder._jit_arch_list = value
-    with pytest.raises(ValueError, match="invalid literal for int"):
+    try:
         builder.compute_capability_args()
-    builder._jit_arch_list = ops.deepspeed_arch_list(value)
-    builder.compute_capability_args()  # parses
+        raw_parses = True
+    except ValueError as err:
+        assert "invalid literal for int()" in str(err)
+        raw_parses = False
+    assert raw_parses == (Version(version("deepspeed")) < Version("0.19"))
+    monkeypatch.setenv(ops.ARCH, ops.deepspeed_arch_list(value))
+    assert builder.compute_capability_args()  # parses, in every supported DeepSpeed
     assert not re.search(r"\d[a-z]", ops.deepspeed_arch_list(value))
 
 

@@ -36,6 +36,20 @@ FIXED = {
 # The script arguments that give every fixed value above (on CPU: --use_cpu, which --bf16 needs there).
 MATCHING = "--use_cpu --bf16 --per_device_train_batch_size 4 --gradient_accumulation_steps 2 --learning_rate 1e-4"
 MATCHING += " --adam_beta2 0.95 --weight_decay 0.1 --max_steps 100 --warmup_steps 10"
+
+
+def _warmup_ratio_flags() -> str:
+    """A warmup of 20% of the steps as the installed TrainingArguments spells it (4.x: --warmup_ratio; 5.x: a
+    --warmup_steps below 1)."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    has_ratio = "warmup_ratio" in {f.name for f in dataclasses.fields(TrainingArguments)}
+    return "--warmup_steps 0 --warmup_ratio 0.2" if has_ratio else "--warmup_steps 0.2"
+
+
+WARMUP_RATIO = _warmup_ratio_flags()
 CASES = {
     "all-match": (FIXED, MATCHING),
     "lr-bf16-micro": (
@@ -47,7 +61,7 @@ CASES = {
         {**FIXED, "gradient_clipping": 0.5, "fp16": {"enabled": True}, "bf16": {"enabled": False}},
         MATCHING.replace("--bf16", "--adam_epsilon 1e-6"),
     ),
-    "warmup-ratio": (FIXED, MATCHING.replace("--warmup_steps 10", "--warmup_steps 0.2")),
+    "warmup-ratio": (FIXED, MATCHING.replace("--warmup_steps 10", WARMUP_RATIO)),
     "no-scheduler-auto-batch": (
         {k: v for k, v in FIXED.items() if k not in ("scheduler", "train_batch_size")},
         MATCHING + " --auto_find_batch_size --per_device_train_batch_size 8",
@@ -56,14 +70,23 @@ CASES = {
 }
 
 
+def _propagate_args_to_deepspeed(accelerator, args) -> None:
+    """transformers' own step at the start of an auto-batch-size training loop: a function of
+    transformers.integrations.deepspeed in 5.x, a Trainer method before (4.57, the oldest supported set)."""
+    from transformers.integrations import deepspeed
+
+    if hasattr(deepspeed, "propagate_args_to_deepspeed"):
+        deepspeed.propagate_args_to_deepspeed(accelerator, args, True)
+    else:
+        from transformers import Trainer
+
+        Trainer.propagate_args_to_deepspeed(SimpleNamespace(accelerator=accelerator, args=args), True)
+
+
 def _transformers_mismatches(config: dict, argv: list[str]) -> set[str]:
     """The keys the HF Trainer's own HfTrainerDeepSpeedConfig stops on for these script arguments."""
     from transformers import HfArgumentParser, TrainingArguments
-    from transformers.integrations.deepspeed import (
-        HfTrainerDeepSpeedConfig,
-        propagate_args_to_deepspeed,
-        unset_hf_deepspeed_config,
-    )
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
 
     class AtWorldSize(TrainingArguments):
         @property
@@ -76,7 +99,7 @@ def _transformers_mismatches(config: dict, argv: list[str]) -> set[str]:
         hf.trainer_config_process(args)
         if args.auto_find_batch_size:  # Trainer._update_auto_batch_size, as every training loop starts
             plugin = SimpleNamespace(hf_ds_config=hf)
-            propagate_args_to_deepspeed(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin)), args, True)
+            _propagate_args_to_deepspeed(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin)), args)
             hf = plugin.hf_ds_config
         model = SimpleNamespace(config=SimpleNamespace(hidden_size=64))
         # num_training_steps: --max_steps, else the Trainer's count from the data (here: 37 batches)
@@ -153,8 +176,12 @@ def test_cpu_traps(monkeypatch):
 
 
 def test_bf16_without_use_cpu_is_transformers_own_refusal_on_a_cpu_run():
+    from transformers import TrainingArguments
+
+    with pytest.raises(ValueError) as own:  # what TrainingArguments itself says on this host (no GPU here)
+        TrainingArguments(output_dir="out", bf16=True)
     trainer_args, _, _ = parse_trainer_arguments(["--bf16"])
-    assert "use_cpu" in trainer_args.refused  # TrainingArguments' own message (no GPU here)
+    assert trainer_args.refused == str(own.value)  # 5.x names use_cpu; 4.57: "Your setup doesn't support bf16/gpu."
     config = json.loads((PRESETS_DIR / "hf_zero2.json").read_text())
     problems = lint(config, LintContext(world_size=WORLD, target="hf-trainer", device="cpu", trainer_args=trainer_args))
     (refused,) = [p for p in problems if p.path == "TrainingArguments"]

@@ -66,6 +66,24 @@ def _typed_flags(parser, argv: list[str]) -> dict[str, str]:
     return flags
 
 
+def _fields() -> tuple[str, ...]:
+    """FIELDS, plus --warmup_ratio where TrainingArguments still has it (transformers 4.x: warmup_steps is an int and
+    the ratio a field of its own; 5.x: a warmup_steps below 1 is the ratio)."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return FIELDS + (("warmup_ratio",) if "warmup_ratio" in names else ())
+
+
+def _warmup_follows_length(values: dict) -> bool:
+    """Whether get_warmup_steps depends on the number of training steps: a ratio (5.x: 0 < warmup_steps < 1;
+    4.x: warmup_steps 0 and warmup_ratio > 0). A warmup of 0 steps is 1 at any length."""
+    steps, ratio = values["warmup_steps"], values.get("warmup_ratio") or 0
+    return 0 < steps < 1 or (steps == 0 and ratio > 0)
+
+
 def parse_trainer_arguments(argv: list[str]) -> tuple[TrainerArguments, list[str], str | None]:
     """The TrainingArguments `argv` gives, the arguments that are not TrainingArguments (ignored: the script's
     own), and the path of the script's own --deepspeed (None if not given). Raises UserError for a bad value."""
@@ -81,16 +99,16 @@ def parse_trainer_arguments(argv: list[str]) -> tuple[TrainerArguments, list[str
         (arguments, rest) = parser.parse_args_into_dataclasses(
             argv, return_remaining_strings=True, look_for_args_file=False
         )
-        values = {name: getattr(arguments, name) for name in FIELDS}
+        values = {name: getattr(arguments, name) for name in _fields()}
     except ValueError as err:  # TrainingArguments.__post_init__'s own checks (e.g. --bf16 without a GPU or --use_cpu)
         refused = str(err)
         namespace, rest = parser.parse_known_args(argv)
-        values = {name: getattr(namespace, name) for name in FIELDS}
+        values = {name: getattr(namespace, name) for name in _fields()}
     # The steps the Trainer fills the scheduler with: num_training_steps is --max_steps, else it depends on the data;
     # warmup is TrainingArguments.get_warmup_steps of it, at least 1 (trainer_config_finalize).
     steps = values["max_steps"] if values["max_steps"] > 0 else None
     warmup = None
-    if steps is not None or values["warmup_steps"] >= 1 or values["warmup_steps"] == 0:  # 0: 1 at any length
+    if steps is not None or not _warmup_follows_length(values):
         warmup = max(1, TrainingArguments.get_warmup_steps(SimpleNamespace(**values), steps or 0))
     values.update(num_training_steps=steps, warmup_num_steps=warmup)
     return TrainerArguments(values, _typed_flags(parser, argv), refused), list(rest), deepspeed_path
