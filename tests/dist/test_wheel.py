@@ -1,12 +1,12 @@
 """The wheel, as a user gets it: `pip wheel --no-deps .` built, installed into fresh virtual environments (no source
 tree on the path, started from a directory without one), and run end to end.
 
-1. With the newest tested set (constraints/newest.txt): `zero-kit train --nproc 2 --stage 3 --max-steps 3` reaches
-   an exported Hugging Face directory, so the package data (tokenizer, chat template, datasets) is in the wheel.
-2. Into an environment that already holds the oldest supported set (constraints/oldest.txt, DeepSpeed 0.18.x):
-   installing the wheel keeps that DeepSpeed (setup.py's ranges admit it) and `validate` and a 1-step train work.
-Both use pip's cache and the index pip is configured with; DeepSpeed's CPU ops come from the per-version build
-directory the other tests share (benchmarks/rigs/base.py private_extensions_dir)."""
+With the newest tested set (constraints/newest.txt): `zero-kit train --nproc 2 --stage 3 --max-steps 3` reaches an
+exported Hugging Face directory, so the package data (tokenizer, chat template, datasets) is in the wheel. The oldest
+supported set (constraints/oldest.txt) is CI's compatibility job: installed within setup.py's ranges (pip refuses a
+set they exclude), then the unit tier and train/resume/bench runs on it. The test uses pip's cache and the index
+pip is configured with; DeepSpeed's CPU ops come from the per-version build directory the other tests share
+(benchmarks/rigs/base.py private_extensions_dir)."""
 
 from __future__ import annotations
 
@@ -109,25 +109,3 @@ def test_wheel_trains_zero3_to_an_export_in_a_fresh_environment(wheel, tmp_path)
     )
     printed = _run([python, "-c", check, final], env=env, cwd=work)
     assert "hi" in printed and int(printed.split()[-1]) > 1_000_000
-
-
-def test_wheel_keeps_an_installed_oldest_deepspeed_and_works(wheel, tmp_path):
-    oldest = _pin("oldest", "deepspeed")
-    venv = tmp_path / "venv-oldest"
-    deps = ["deepspeed", "transformers", "accelerate", "peft", "datasets", "tokenizers", "safetensors"]
-    python = _venv(venv, *deps, "-c", ROOT / "constraints" / "oldest.txt")
-    _pip(python, wheel)  # as a user would: no constraints, the ranges decide
-    env = _user_env(venv, oldest)
-    # the installed distribution's metadata (importing deepspeed prints an accelerator notice on stdout)
-    ask = "import importlib.metadata as m; print(m.version('deepspeed'))"
-    version = _run([python, "-c", ask], env=env, cwd=venv).strip()
-    assert version == oldest, f"installing the wheel replaced DeepSpeed {oldest} with {version}"
-    work = tmp_path / "work"
-    work.mkdir()
-    _assert_installed_from_the_wheel(python, work, env)
-    zero_kit = venv / "bin" / "zero-kit"
-    _run([zero_kit, "config", "--stage", "3", "-o", "zero3.json"], env=env, cwd=work)
-    assert "OK" in _run([zero_kit, "validate", "zero3.json"], env=env, cwd=work)
-    out = _run([zero_kit, "train", "--nproc", "2", "--stage", "2", "--max-steps", "1", "--master-port", "29641", *FAST],
-               env=env, cwd=work)  # fmt: skip
-    assert "step 1/1" in out
