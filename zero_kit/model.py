@@ -95,7 +95,11 @@ def resolve_model(model: str | None) -> str | None:
     try:
         return snapshot_download(repo, local_files_only=not network_allowed())
     except (OSError, ValueError, EntryNotFoundError) as err:  # not cached, incomplete, no such repo, no network
-        raise missing_hub_model(repo, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}") from None
+        raise _hub_failure(repo, err) from None
+
+
+def _hub_failure(repo: str, err: Exception) -> UserError:
+    return missing_hub_model(repo, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
 
 
 def cached_hub_file(model: str, filename: str) -> Path | None:
@@ -105,6 +109,26 @@ def cached_hub_file(model: str, filename: str) -> Path | None:
 
     found = try_to_load_from_cache(model, filename)
     return Path(found) if isinstance(found, str) else None
+
+
+def hub_config_file(repo: str, *, download: bool) -> Path | None:
+    """A Hub id's config.json: from the cache; not cached and the network not allowed, the one missing-model
+    error; not cached and allowed, downloaded alone when `download` (the planner reads nothing else), else None
+    (the input checks leave the download to the run)."""
+    cached = cached_hub_file(repo, "config.json")
+    if cached is not None:
+        return cached
+    if not network_allowed():
+        raise missing_hub_model(repo, "HF_HUB_OFFLINE is not 0, so zero-kit downloads nothing")
+    if not download:
+        return None
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import EntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(repo, "config.json"))
+    except (OSError, ValueError, EntryNotFoundError) as err:
+        raise _hub_failure(repo, err) from None
 
 
 def _check_model_dir(model_dir: str, *, need_config: bool = True, trust_remote_code: bool = False) -> Path:

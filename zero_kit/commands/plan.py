@@ -177,23 +177,10 @@ def _shape_from_dir(model: str, known: list[str]):
 def _hub_config(model: str) -> Path | None:
     """A Hub id's (org/name) config.json: from the Hugging Face cache, or (HF_HUB_OFFLINE=0) downloaded alone,
     which is all the planner reads; None for a local path."""
-    from zero_kit.model import cached_hub_file, hub_id, missing_hub_model, network_allowed
+    from zero_kit.model import hub_config_file, hub_id
 
     repo = hub_id(model)
-    if repo is None:
-        return None
-    cached = cached_hub_file(repo, "config.json")
-    if cached is not None:
-        return cached
-    if not network_allowed():
-        raise missing_hub_model(repo, "HF_HUB_OFFLINE is not 0, so zero-kit downloads nothing")
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.utils import EntryNotFoundError
-
-    try:
-        return Path(hf_hub_download(repo, "config.json"))
-    except (OSError, ValueError, EntryNotFoundError) as err:
-        raise missing_hub_model(repo, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}") from None
+    return None if repo is None else hub_config_file(repo, download=True)
 
 
 def _timing_problems(opts: PlanOptions) -> list[UserError]:

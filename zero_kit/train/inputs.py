@@ -116,7 +116,7 @@ def _check_rows(flag: str, path: str, opts: TrainOptions) -> None:
 
 
 def _check_model(opts: TrainOptions) -> None:
-    from zero_kit.model import cached_hub_file, hub_id, missing_hub_model, network_allowed
+    from zero_kit.model import hub_config_file, hub_id
     from zero_kit.plan.shapes import shape_from_hf_config
 
     if opts.model is None:
@@ -124,11 +124,9 @@ def _check_model(opts: TrainOptions) -> None:
     path = Path(opts.model)
     repo = hub_id(opts.model)
     if repo is not None:  # org/name: its config.json from the cache; a download waits until every check passed
-        cached = cached_hub_file(repo, "config.json")
-        if cached is None and network_allowed():
-            return
+        cached = hub_config_file(repo, download=False)
         if cached is None:
-            raise missing_hub_model(repo, "HF_HUB_OFFLINE is not 0, so zero-kit downloads nothing")
+            return
         path = cached.parent
     if not path.is_dir():
         raise UserError(f"--model {opts.model}: no such directory", "pass a local Hugging Face model directory")
