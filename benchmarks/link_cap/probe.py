@@ -73,6 +73,7 @@ def _sent_over(device: str, call, local: int) -> int:
 
     dist.barrier()
     before = _tx_bytes(device)
+    dist.barrier()  # no rank sends before the reader has read: a late read missed the first chunks (CI, 2 cores)
     for _ in range(WIRE_REPEATS):
         call()
     dist.barrier()

@@ -23,7 +23,10 @@ def _run_script(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "activate").write_text("")
     bin_dir.mkdir()
-    for name, body in (("scontrol", "echo node0; echo node1"), ("srun", 'echo "srun $*"')):
+    # a large allocation's host list: more than a pipe holds, so a reader that stops early (head -n 1) would kill
+    # scontrol with SIGPIPE, which pipefail turns into the script's failure
+    hosts = "echo node0; i=1; while [ $i -lt 20000 ]; do echo node$i; i=$((i+1)); done"
+    for name, body in (("scontrol", hosts), ("srun", 'echo "srun $*"')):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
     job = SlurmJob(nodes=2, gpus_per_node=1, launcher="srun", module="zero_kit.cli", venv=str(venv),

@@ -127,7 +127,8 @@ def sbatch_script(job: SlurmJob) -> str:
     head = [
         *_sbatch_head(job, REQUEUE_HEAD),
         *REQUEUE_LINES,
-        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        # sed reads to the end: `head -n 1` exits first and, under pipefail, scontrol's SIGPIPE fails the script (141)
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
         f"MASTER_PORT={job.master_port}",
         "export MASTER_ADDR MASTER_PORT",
     ]
