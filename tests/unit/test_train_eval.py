@@ -36,7 +36,11 @@ def test_eval_flag_mistakes_are_reported_together_each_with_a_fix():
     text = _flag_errors(eval_steps=10, keep_best=True)
     assert "--eval-steps was given without evaluation data" in text and "--keep-best was given without" in text
     assert "drop none" in _flag_errors(report_to="none,mlflow")
-    check_options(TrainOptions(val_size=0.1, eval_steps=5, keep_best=True, report_to="tensorboard, mlflow"))
+    text = _flag_errors(val_size=0.1, keep_best=True)  # a best checkpoint needs checkpoints
+    assert "--keep-best was given without --save-steps" in text and "add --save-steps N" in text
+    check_options(
+        TrainOptions(val_size=0.1, eval_steps=5, save_steps=5, keep_best=True, report_to="tensorboard, mlflow")
+    )
 
 
 def test_input_checks_name_the_eval_file_and_a_split_that_leaves_nothing_to_train(tmp_path):

@@ -172,6 +172,9 @@ def _eval_problems(opts: TrainOptions) -> list[UserError]:
             bad.append(
                 UserError(f"{flag} was given without evaluation data", "add --eval-data FILE or --val-size 0.05")
             )
+    if opts.keep_best and not opts.save_steps:
+        bad.append(UserError("--keep-best was given without --save-steps: no checkpoint is written to keep",
+                             "add --save-steps N (e.g. the --eval-steps value)"))  # fmt: skip
     if opts.eval_steps is not None and opts.eval_steps < 1:
         bad.append(_not_positive("eval_steps", opts.eval_steps))
     targets = report_targets(opts.report_to)
