@@ -52,7 +52,8 @@ def _stage_and_size(config: dict, context: LintContext, tp: int) -> list[Problem
             f"DeepSpeed {deepspeed_version()} refuses AutoTP with ZeRO stage 3 (the engine asserts stage <= 2 when"
             " tensor parallelism starts)"
         )
-        problems.append(Problem("error", PATH, tp, message, "use ZeRO stage 1 or 2 with autotp_size"))
+        fix = "set zero_optimization.stage to 2 (or 1), or leave autotp_size out"
+        problems.append(Problem("error", PATH, tp, message, fix))
     tp_size = lookup(config, "tensor_parallel.tp.tp_size")
     if isinstance(tp_size, int) and tp_size not in (1, tp) and autotp_shards_from_config():
         message = f"tensor_parallel.tp.tp_size ({tp_size}) does not match autotp_size ({tp}): DeepSpeed raises"
@@ -63,7 +64,7 @@ def _stage_and_size(config: dict, context: LintContext, tp: int) -> list[Problem
             f"autotp_size({tp}) does not divide the world size({world}, {context.world_size_source}): DeepSpeed"
             f" builds a {world // tp} x {tp} mesh and the {world % tp} rank(s) outside it fail at start-up"
         )
-        fix = f"use an autotp_size that divides {world}, or run on a multiple of {tp} ranks"
+        fix = f"set autotp_size to {_divisor(world, tp)} (it must divide {world}), or run on a multiple of {tp} ranks"
         problems.append(Problem("error", PATH, tp, message, fix))
     elif world is not None and world > tp:
         problems.append(_batch_warning(config, world, tp))
@@ -93,11 +94,16 @@ def _heads(context: LintContext, tp: int) -> list[Problem]:
             f"autotp_size({tp}) exceeds the model's key-value heads({kv}): ranks beyond the head count hold no"
             " attention shard and attention does not scale past that point (DeepSpeed's own warning)"
         )
-        return [Problem("warning", PATH, tp, message, f"use an autotp_size of at most {kv}")]
+        return [Problem("warning", PATH, tp, message, f"set autotp_size to {_divisor(kv, tp)}")]
     if kv % tp:
         message = (
             f"autotp_size({tp}) does not divide the model's key-value heads({kv}): DeepSpeed splits attention by whole"
             f" heads, so some ranks get {kv // tp + 1} heads and others {kv // tp}; the step waits for the fullest"
         )
-        return [Problem("warning", PATH, tp, message, "use an autotp_size that divides the key-value heads")]
+        return [Problem("warning", PATH, tp, message, f"set autotp_size to {_divisor(kv, tp)}")]
     return []
+
+
+def _divisor(total: int, below: int) -> int:
+    """The largest divisor of `total` not above `below`: the nearest size that divides evenly."""
+    return max(d for d in range(1, min(total, below) + 1) if total % d == 0)
