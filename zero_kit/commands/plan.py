@@ -82,6 +82,15 @@ class PlanOptions:
     """Recompute each decoder layer in backward instead of keeping its activations."""
     margin: float = 0.10
     """Fraction of GPU memory kept free for spikes and fragmentation."""
+    tp: int | None = None
+    """Plan this tensor-parallel size (DeepSpeed AutoTP / FSDP2 + DTensor) instead of the default layouts (tp = the
+    GPUs of one node, a pipeline stage per node); 1 with --pp for a pipeline alone."""
+    pp: int | None = None
+    """Plan this many pipeline stages (torch.distributed.pipelining, 1F1B) instead of the default layouts."""
+    pp_micro_batches: int | None = None
+    """Micro batches per step of each model-parallel replica (default tp x pp: the flat options' global batch)."""
+    model_parallel: bool = True
+    """Plan tensor/pipeline layouts beside data parallelism (--no-model-parallel: data parallelism alone)."""
     json: bool = False
     """Print a JSON object (bytes) instead of the table."""
 
@@ -322,7 +331,37 @@ def build_inputs(opts: PlanOptions):
         from zero_kit.plan.calibration import apply
 
         rates = apply(calibration, rates, work)
-    return label, work, hardware, rates
+    return label, work, hardware, rates, build_layouts(opts, work, hardware)
+
+
+def build_layouts(opts: PlanOptions, work, hardware):
+    """The tensor/pipeline layouts to plan: None (the defaults), none, or the one --tp/--pp name."""
+    from zero_kit.plan.parallel_options import chosen_layouts
+
+    given = {flag: v for flag, v in (("--tp", opts.tp), ("--pp", opts.pp), ("--pp-micro-batches", opts.pp_micro_batches))
+             if v is not None}  # fmt: skip
+    for flag, value in given.items():
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1, got {value}", f"pass {flag} 1 or more, or leave it out")
+    if not opts.model_parallel:
+        if given:
+            raise UserError(f"--no-model-parallel with {', '.join(given)}", "give one: layouts or none")
+        return []
+    if opts.tp is None and opts.pp is None:
+        return None if opts.pp_micro_batches is None else _default_with(work, hardware, opts.pp_micro_batches)
+    tp, pp = opts.tp or 1, opts.pp or 1
+    if tp * pp < 2:
+        raise UserError("--tp 1 --pp 1 is data parallelism alone", "use --no-model-parallel, or a size of 2 or more")
+    try:
+        return chosen_layouts(work, hardware, tp, pp, opts.pp_micro_batches)
+    except ValueError as err:
+        raise UserError(f"--tp {tp} --pp {pp}: {err}", "pick sizes that divide the heads and the GPUs") from None
+
+
+def _default_with(work, hardware, micro_batches: int):
+    from zero_kit.plan.parallel_options import default_layouts
+
+    return default_layouts(work, hardware, micro_batches)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -333,8 +372,8 @@ def run(args: argparse.Namespace) -> int:
         from zero_kit.commands.config import check_output
 
         check_output(args.output, "-o", args.force)
-    label, work, hardware, rates = build_inputs(opts)
-    plan = make_plan(work, hardware, rates, opts.rank_by)
+    label, work, hardware, rates, layouts = build_inputs(opts)
+    plan = make_plan(work, hardware, rates, opts.rank_by, layouts)
     print(render_json(plan, label) if opts.json else render_text(plan, label))
     if plan.recommended is None:
         if not opts.json:
@@ -355,9 +394,16 @@ def write_config(plan, opts: PlanOptions, path: str) -> None:
     best = plan.recommended
     info = best.info
     stage = info.stage
+    layout = best.layout
     if info.backend != "deepspeed":
         print(
             f"zero-kit plan: {best.label} is not DeepSpeed; wrote the nearest ZeRO equivalent, stage {stage}",
+            file=sys.stderr,
+        )
+    if layout is not None and layout.pp > 1:
+        print(
+            f"zero-kit plan: the {layout.pp} pipeline stages are your script's (torch.distributed.pipelining, "
+            f"{layout.micro_batches} micro batches); the JSON holds the data-parallel part",
             file=sys.stderr,
         )
     spec = ZeroSpec(
@@ -366,9 +412,10 @@ def write_config(plan, opts: PlanOptions, path: str) -> None:
         offload_param="cpu" if info.offload_param else "none",
         precision=opts.precision,
         micro_batch=opts.micro_batch,
-        grad_accum=1,
+        grad_accum=layout.micro_batches if layout is not None and layout.pp == 1 else 1,
         world_size=plan.hardware.world_size,
         hidden_size=plan.work.shape.hidden_size,
+        tp=layout.tp if layout is not None else 1,
     )
     write_text(path, dumps(build_ds_config(spec)), "-o")
     print(f"zero-kit plan: wrote {path} (ZeRO stage {stage}, {best.offload} offload)", file=sys.stderr)

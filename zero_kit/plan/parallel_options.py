@@ -4,7 +4,7 @@ and the words that say why it wins or loses.
 
 Layouts tried unless --tp/--pp name them (the decision guide: tensor parallel only inside a node, a pipeline across
 the slow link): tp = the largest divisor of the heads and the world that fits in one node (tp >= 2), pp = one stage
-per node (nodes >= 2), and both; over ZeRO-1 data parallelism, and FSDP2 with tp. Every layout trains the same
+per node (nodes >= 2), and both; over ZeRO-1, and over FSDP2 where data-parallel ranks remain. Every layout trains the same
 global batch as the flat options (b x s tokens per rank): each replica runs m = tp x pp micro batches of b per step
 unless --pp-micro-batches says otherwise.
 
@@ -48,7 +48,8 @@ def default_layouts(work: Workload, hardware: Hardware, micro_batches: int | Non
     shapes += [(1, pp)] if pp > 1 else []
     shapes += [(tp, pp)] if tp > 1 and pp > 1 and world % (tp * pp) == 0 else []
     layouts = [_layout(t, p, "zero1", micro_batches) for t, p in shapes]
-    layouts += [_layout(tp, 1, "fsdp", micro_batches)] if tp > 1 and world > tp else []
+    # FSDP2 over each layout's data-parallel group (DTensor TP on a 2D mesh; FSDP inside each pipeline stage)
+    layouts += [_layout(t, p, "fsdp", micro_batches) for t, p in shapes if world > t * p]
     return layouts
 
 
@@ -57,8 +58,9 @@ def _layout(tp: int, pp: int, base: str, micro_batches: int | None) -> Layout:
 
 
 def chosen_layouts(work: Workload, hardware: Hardware, tp: int, pp: int, micro_batches: int | None) -> list[Layout]:
-    """--tp/--pp: that layout over ZeRO-1 (and FSDP2 with tp alone); ValueError naming what does not fit."""
-    layouts = [_layout(tp, pp, "zero1", micro_batches)] + ([_layout(tp, 1, "fsdp", micro_batches)] if pp == 1 else [])
+    """--tp/--pp: that layout over ZeRO-1 (and FSDP2 where dp ranks remain); ValueError naming what does not fit."""
+    layouts = [_layout(tp, pp, "zero1", micro_batches)]
+    layouts += [_layout(tp, pp, "fsdp", micro_batches)] if hardware.world_size > tp * pp else []
     problems = layout_problems(layouts[0], work.shape, hardware.world_size)
     if work.lora_r:
         problems.append("LoRA with tensor or pipeline parallelism is not planned")
@@ -123,7 +125,7 @@ def layout_step_time(option: Option, work: Workload, hardware: Hardware, rates: 
 def layout_reasons(best: Option, options: list[Option], work: Workload, hardware: Hardware) -> list[str]:
     """Why model parallelism wins or loses here, in numbers (the decision guide: pipeline bubbles below ~4
     micro batches per stage; tensor parallel only inside a node)."""
-    layouts = [o for o in options if o.layout is not None]
+    layouts = sorted((o for o in options if o.layout is not None), key=lambda o: o is not best)
     if not layouts:
         return []
     lines = [_tp_reason(o, hardware) for o in layouts if o.layout.tp > 1 and o.layout.pp == 1][:1]
@@ -173,7 +175,8 @@ def _pp_reason(option: Option, best: Option, hardware: Hardware) -> str:
     bubble = bubble_fraction(layout.pp, layout.micro_batches)
     wanted = GUIDE_MICRO_BATCHES_PER_STAGE * layout.pp
     verdict = (
-        f"fewer than the {wanted} (4 x {layout.pp} stages) that keep it small"
+        f"fewer than the {wanted} (4 x {layout.pp} stages) that keep it small: --pp-micro-batches {wanted} would idle"
+        f" {bubble_fraction(layout.pp, wanted):.0%}, at {wanted / layout.micro_batches:g}x the global batch"
         if layout.micro_batches < wanted
         else f"at least 4 x {layout.pp} stages"
     )
