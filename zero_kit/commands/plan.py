@@ -331,37 +331,10 @@ def build_inputs(opts: PlanOptions):
         from zero_kit.plan.calibration import apply
 
         rates = apply(calibration, rates, work)
-    return label, work, hardware, rates, build_layouts(opts, work, hardware)
+    from zero_kit.plan.parallel_options import layouts_from_flags
 
-
-def build_layouts(opts: PlanOptions, work, hardware):
-    """The tensor/pipeline layouts to plan: None (the defaults), none, or the one --tp/--pp name."""
-    from zero_kit.plan.parallel_options import chosen_layouts
-
-    given = {flag: v for flag, v in (("--tp", opts.tp), ("--pp", opts.pp), ("--pp-micro-batches", opts.pp_micro_batches))
-             if v is not None}  # fmt: skip
-    for flag, value in given.items():
-        if value < 1:
-            raise UserError(f"{flag} must be at least 1, got {value}", f"pass {flag} 1 or more, or leave it out")
-    if not opts.model_parallel:
-        if given:
-            raise UserError(f"--no-model-parallel with {', '.join(given)}", "give one: layouts or none")
-        return []
-    if opts.tp is None and opts.pp is None:
-        return None if opts.pp_micro_batches is None else _default_with(work, hardware, opts.pp_micro_batches)
-    tp, pp = opts.tp or 1, opts.pp or 1
-    if tp * pp < 2:
-        raise UserError("--tp 1 --pp 1 is data parallelism alone", "use --no-model-parallel, or a size of 2 or more")
-    try:
-        return chosen_layouts(work, hardware, tp, pp, opts.pp_micro_batches)
-    except ValueError as err:
-        raise UserError(f"--tp {tp} --pp {pp}: {err}", "pick sizes that divide the heads and the GPUs") from None
-
-
-def _default_with(work, hardware, micro_batches: int):
-    from zero_kit.plan.parallel_options import default_layouts
-
-    return default_layouts(work, hardware, micro_batches)
+    flags = (opts.tp, opts.pp, opts.pp_micro_batches, opts.model_parallel)
+    return label, work, hardware, rates, layouts_from_flags(*flags, work, hardware)
 
 
 def run(args: argparse.Namespace) -> int:

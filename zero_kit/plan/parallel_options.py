@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from zero_kit.errors import UserError
 from zero_kit.plan.memory import Hardware, Option, _state_terms, _sum, buffer_terms, host_terms
 from zero_kit.plan.parallel import (
     Layout,
@@ -67,6 +68,31 @@ def chosen_layouts(work: Workload, hardware: Hardware, tp: int, pp: int, micro_b
     if problems:
         raise ValueError("; ".join(problems))
     return layouts
+
+
+def layouts_from_flags(
+    tp: int | None, pp: int | None, micro_batches: int | None, model_parallel: bool, work: Workload, hardware: Hardware
+) -> list[Layout] | None:
+    """The layouts `zero-kit plan`'s flags ask for: None (the defaults), none (--no-model-parallel), or the one
+    --tp/--pp name; every bad combination is a UserError naming the flags."""
+    named = (("--tp", tp), ("--pp", pp), ("--pp-micro-batches", micro_batches))
+    given = {flag: value for flag, value in named if value is not None}
+    for flag, value in given.items():
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1, got {value}", f"pass {flag} 1 or more, or leave it out")
+    if not model_parallel:
+        if given:
+            raise UserError(f"--no-model-parallel with {', '.join(given)}", "give one: layouts or none")
+        return []
+    if tp is None and pp is None:
+        return None if micro_batches is None else default_layouts(work, hardware, micro_batches)
+    tp, pp = tp or 1, pp or 1
+    if tp * pp < 2:
+        raise UserError("--tp 1 --pp 1 is data parallelism alone", "use --no-model-parallel, or a size of 2 or more")
+    try:
+        return chosen_layouts(work, hardware, tp, pp, micro_batches)
+    except ValueError as err:
+        raise UserError(f"--tp {tp} --pp {pp}: {err}", "pick sizes that divide the heads and the GPUs") from None
 
 
 def evaluate_layout(layout: Layout, work: Workload, hardware: Hardware) -> Option:
