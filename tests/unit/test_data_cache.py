@@ -59,15 +59,19 @@ class Counting:
 
 def test_a_second_preparation_reuses_the_entry_and_tokenizes_nothing(tmp_path, tokenizer, capsys):
     data = _data(tmp_path / "d.jsonl")
+    with open(data, "a") as file:  # a bad row, skipped and counted: the counts come back from the entry
+        file.write(json.dumps({**ROW, "output": ""}) + "\n")
     loaders = Counting(data, tokenizer)
-    first = prepared(_spec(data), tmp_path / "cache", loaders.rows, loaders.tokenizer)
+    first = prepared(_spec(data, skip_bad=True), tmp_path / "cache", loaders.rows, loaders.tokenizer)
     assert first.built and loaders.calls == {"rows": 1, "tokenizer": 1}
-    assert f"preparing 40 rows of {data} into {first.path}" in capsys.readouterr().err
-    second = prepared(_spec(data), tmp_path / "cache", loaders.rows, loaders.tokenizer)
+    assert f"preparing 41 rows of {data} into {first.path}" in capsys.readouterr().err
+    second = prepared(_spec(data, skip_bad=True), tmp_path / "cache", loaders.rows, loaders.tokenizer)
     assert not second.built and second.path == first.path and loaders.calls == {"rows": 1, "tokenizer": 1}
     train, held, stats = second.load()
-    reference, reference_stats = tokenize_dataset(load_dataset_rows([data], "alpaca"), tokenizer, "alpaca", 64)
+    rows = load_dataset_rows([data], "alpaca")
+    reference, reference_stats = tokenize_dataset(rows, tokenizer, "alpaca", 64, skip_bad=True)
     assert held is None and stats == reference_stats and train[:] == reference[:]
+    assert stats.skipped == {"empty": 1} and stats.first_skipped == {"empty": f"{data}: row 41 (line 41)"}
     assert train.cache_files and all(f["filename"].startswith(str(first.path)) for f in train.cache_files)  # mapped
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [first.path.name, f"{first.path.name}.lock"]
 

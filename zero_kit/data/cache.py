@@ -193,7 +193,8 @@ def _build(spec: DataSpec, material: dict, final: Path, load_rows: Callable[[], 
                 held.save_to_disk(str(tmp / "eval"))
         del train, held
         shutil.rmtree(tmp / "work")
-        meta = {"stats": asdict(stats), "key": material, "host": socket.gethostname(), "created": time.time()}
+        counts = {**vars(stats), "skipped": dict(stats.skipped)}  # asdict() would rebuild the Counter from pairs
+        meta = {"stats": counts, "key": material, "host": socket.gethostname(), "created": time.time()}
         (tmp / META).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
         _publish(tmp, final)
     except UserError as err:  # the inputs' own fault: whoever waited on this key gets it too, not a second try
