@@ -139,9 +139,21 @@ def _features(packed: bool):
     return Features({name: List(Value(dtype)) for name, dtype in names.items()})
 
 
-def _map(dataset, function, *, workdir: Path | None, name: str, features, fn_kwargs: dict, procs: int | None):
-    """`dataset.map` in batches into workdir/NAME.arrow (memory-mapped), or kept in memory without a workdir; no
-    fingerprint hashing (the tokenizer would be hashed) and no cache lookups: the caller decides what is cached."""
+def _map(source: dict, function, *, workdir: Path | None, name: str, features, fn_kwargs: dict, procs: int | None):
+    """`function` over the `source` columns in batches: through `Dataset.map` into workdir/NAME.arrow
+    (memory-mapped), with no fingerprint hashing (the tokenizer would be hashed) and no cache lookups (the caller
+    decides what is cached); without a workdir (small data, in memory) the same batches go straight through
+    `function`, since map's and from_dict's machinery (fingerprints) costs ~50 ms a call, more than a few rows take."""
+    from datasets import Dataset
+
+    if workdir is None:
+        columns: dict[str, list] = {column: [] for column in features}
+        for start in range(0, len(next(iter(source.values()))), CHUNK_ROWS):
+            batch = {column: values[start : start + CHUNK_ROWS] for column, values in source.items()}
+            for column, values in function(batch, **fn_kwargs).items():
+                columns[column].extend(values)
+        return in_memory(columns, features)
+    dataset = Dataset.from_dict(source)
     return dataset.map(
         function,
         batched=True,
@@ -158,14 +170,24 @@ def _map(dataset, function, *, workdir: Path | None, name: str, features, fn_kwa
     )
 
 
+def in_memory(columns: dict[str, list], features):
+    """A Dataset of `columns`, fingerprinted at random rather than by hashing its data (nothing caches it)."""
+    import pyarrow
+    from datasets import Dataset, DatasetInfo
+    from datasets.table import InMemoryTable
+
+    table = pyarrow.Table.from_pydict(columns, schema=features.arrow_schema)
+    return Dataset(InMemoryTable(table), info=DatasetInfo(features=features), fingerprint=uuid.uuid4().hex)
+
+
 def encode_rows(rows: Rows, tokenizer, fmt: str, max_length: int, workdir: Path | None):
     """All rows encoded by `Dataset.map` (bad rows included, with their reason in `bad`)."""
     global _ROWS
-    from datasets import Dataset, Features, Value
+    from datasets import Features, Value
 
     extra = {"trained": Value("int32"), "bad": Value("string"), "detail": Value("string")}
     features = Features({**_features(False), **extra})
-    positions = Dataset.from_dict({"position": list(range(len(rows)))})
+    positions = {"position": list(range(len(rows)))}
     fn_kwargs = {"tokenizer": tokenizer, "fmt": fmt, "max_length": max_length}
     procs = num_proc(len(rows)) if workdir is not None else None
     if procs:  # the tokenizer's own threads must not be in use when the workers fork
@@ -279,7 +301,6 @@ def _part(encoded, positions, stats: DataStats, *, pack: bool, max_length: int, 
     """The examples at `positions` as a training dataset (packed or plain), counted into stats."""
     import numpy
     import pyarrow.compute as pc
-    from datasets import Dataset
 
     lengths = pc.list_value_length(encoded.data.column("input_ids")).to_numpy()[positions]
     stats.rows_kept = len(positions)
@@ -287,14 +308,15 @@ def _part(encoded, positions, stats: DataStats, *, pack: bool, max_length: int, 
     stats.trained_tokens = int(encoded.data.column("trained").to_numpy()[positions].sum())
     if pack:
         starts = group_starts(lengths.tolist(), max_length)
-        groups = Dataset.from_dict({"group": list(range(len(starts) - 1))})
+        groups = {"group": list(range(len(starts) - 1))}
         kwargs = {"examples": encoded, "positions": numpy.asarray(positions), "starts": starts,
                   "max_length": max_length, "pad_id": pad_id}  # fmt: skip
         procs = num_proc(len(positions)) if workdir is not None else None
         part = _map(groups, _pack_batch, workdir=workdir, name=f"{name}-packed", features=_features(True),
                     fn_kwargs=kwargs, procs=procs)  # fmt: skip
     else:
-        part = encoded.select(positions).select_columns(["input_ids", "labels", "attention_mask"])
+        plain = encoded.select(positions, new_fingerprint=uuid.uuid4().hex)
+        part = plain.select_columns(["input_ids", "labels", "attention_mask"], new_fingerprint=uuid.uuid4().hex)
     stats.sequences = len(part)
     return part
 
