@@ -173,3 +173,24 @@ def test_default_cache_directory_follows_the_hugging_face_variables(tmp_path):
     assert cache.default_cache_dir({"HF_HOME": "/h"}) == Path("/h/datasets/zero_kit")
     assert cache.default_cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/huggingface/datasets/zero_kit")
     assert default_data_path("alpaca").endswith("alpaca.jsonl")
+
+
+def test_parallel_preparation_equals_the_in_memory_one(tmp_path, tokenizer, monkeypatch):
+    """Dataset.map in two processes (the cache's path for big data), with a bad row skipped, a split and packing,
+    gives exactly what tokenize_split gives in this process."""
+    from zero_kit.data import pipeline
+    from zero_kit.data.dataset import tokenize_split
+
+    monkeypatch.setattr(pipeline, "ROWS_PER_PROCESS", 200)
+    monkeypatch.setattr(pipeline.os, "sched_getaffinity", lambda _pid: {0, 1})  # two processes on any machine
+    data = _data(tmp_path / "d.jsonl", 600)
+    with open(data, "a") as file:
+        file.write(json.dumps({**ROW, "output": ""}) + "\n")
+    rows = load_dataset_rows([data], "alpaca")
+    assert pipeline.num_proc(len(rows)) == 2
+    split = Split(0.1, 3)
+    train, held, stats = pipeline.build_parts(rows, tokenizer, "alpaca", 64, skip_bad=True, pack=True, split=split,
+                                              workdir=tmp_path / "work")  # fmt: skip
+    reference = tokenize_split(rows, tokenizer, "alpaca", 64, val_size=0.1, seed=3, skip_bad=True, pack=True)
+    assert (train[:], held[:], stats) == (reference[0][:], reference[1][:], reference[2])
+    assert stats.skipped == {"empty": 1} and len(held) > 0
