@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.jobs import FAST, run, zero_kit
 from tests.support.runs import log_records
-from zero_kit.train.checkpoint import MANIFEST, list_checkpoints
+from zero_kit.train.checkpoint import MANIFEST, RUN_INFO, list_checkpoints
 
 pytestmark = pytest.mark.dist
 STEPS = 2
@@ -68,6 +68,8 @@ def test_zero3_two_ranks_eval_and_keep_best(tmp_path):
         line = next(line for line in proc.stdout.splitlines() if line.startswith(f"zero-kit train: {what}: prepared"))
         assert f" into {tmp_path / 'cache'}/" in line and proc.stdout.index(line) < launching, proc.stdout
         assert proc.stdout.count(f"zero-kit train: {what}: ") == 1 + (what == "data"), proc.stdout  # + the stats
+    train_entry = json.loads((out / RUN_INFO).read_text())["data_cache"]  # the run record names the entry it used
+    assert "data: prepared" in proc.stdout and f" into {train_entry}\n" in proc.stdout
     records = [r for r in log_records(out) if "eval_loss" in r]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1)), records
     assert all(math.isclose(r["eval_perplexity"], math.exp(r["eval_loss"])) for r in records)

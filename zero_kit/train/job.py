@@ -273,7 +273,7 @@ def _apply_lora(model, opts: TrainOptions):
 
 def _record_start(run: ResolvedRun, held: dict, data: rundata.Data, resume_from: Path | None) -> dict:
     """The run record: rank 0 writes it to OUTPUT and prints the start lines; every checkpoint gets a copy."""
-    run_info = _run_info(run, held, data.stats)
+    run_info = {**_run_info(run, held, data.stats), "data_cache": data.cache}
     if run.machine.rank == 0:
         run.output.mkdir(parents=True, exist_ok=True)
         checkpoint.atomic_write_text(run.output / checkpoint.RUN_INFO, json.dumps(run_info, indent=1) + "\n")

@@ -24,6 +24,7 @@ class Data(NamedTuple):
     collator: Any
     stats: Any
     eval_dataset: Any = None
+    cache: str = ""  # the training data's cache entry (the run record names it)
 
 
 class Prepared(NamedTuple):
@@ -76,4 +77,4 @@ def load(entries: Prepared, tokenizer) -> Data:
     train, held, stats = entries.train.load()
     if entries.eval is not None:
         held, _, _ = entries.eval.load()
-    return Data(train, DataCollator(tokenizer.pad_token_id), stats, held)
+    return Data(train, DataCollator(tokenizer.pad_token_id), stats, held, str(entries.train.path))
