@@ -9,15 +9,15 @@ second (key computed, entry found), each in a fresh process with its imports (th
 rank the resident memory after imports and after the pass (VmRSS; RssAnon is the part that is the rank's alone:
 the Arrow files are page cache shared by every rank).
 
-Measured 2026-11-26 on the project's 2-core machine while other jobs kept its load average at 15-21 (so the first
+Measured 2026-11-26 on the project's 2-core machine while other jobs kept its load average at 6-21 (so the first
 preparation's time says little; the issue measured ~48 s per rank for the old per-rank tokenizing on a quieter
-machine), Python 3.11, datasets 5.2.0, transformers 5.23.0, tokenizers 0.23.3, 200,000 rows (39 MB):
+machine), Python 3.11, datasets 5.2.0, transformers 5.23.0, tokenizers 0.23.3, 200,000 rows (39 MB), two runs:
 
-| step | wall | resident memory |
+| step | wall (run 1, load ~17 / run 2, load ~9) | resident memory |
 |---|---|---|
-| first preparation (one process, Dataset.map with 2 processes) | 325 s (+16 s imports) | peak 502 MiB |
-| second preparation (hash 39 MB, entry found) | 0.22 s (+7 s imports) | 159 MiB |
-| each of 2 ranks: load + one pass over 200,000 rows (10.4M tokens) | | RssAnon +3 MiB, RssFile +91 MiB (shared) |
+| first preparation (one process, Dataset.map with 2 processes) | 325 s / 162 s (+16 s / 9 s imports) | peak 502 / 596 MiB |
+| second preparation (hash 39 MB, entry found) | 0.22 s / 0.08 s (+7 s / 5 s imports) | 159 MiB |
+| each of 2 ranks: load + one pass over 200,000 rows (10.4M tokens) | | RssAnon +3 MiB, RssFile +94 MiB (shared) |
 """
 
 from __future__ import annotations
