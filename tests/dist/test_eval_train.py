@@ -3,7 +3,9 @@ step through the HF Trainer's evaluate() on both ranks (each holds half of every
 reach train_log.jsonl, the progress lines and the end report, and each checkpoint's manifest. The eval loss of the
 exported weights equals a plain single-process evaluation of them (fp32). --keep-best: the checkpoint of the lowest
 eval loss stays out of --save-total-limit 1 rotation and is what final/ holds. --report-to tensorboard: the event
-files, read back with TensorBoard's reader, hold the same eval losses. ~60 s on 2 CPU cores."""
+files, read back with TensorBoard's reader, hold the same eval losses. The data and the eval data go through the data
+cache (issue 23): prepared by the launching process before the launcher starts, memory-mapped by the ranks (the
+plain evaluation tokenizes the eval rows itself, in memory). ~60 s on 2 CPU cores."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import pytest
 
 from tests.support.jobs import FAST, run, zero_kit
 from tests.support.runs import log_records
-from zero_kit.train.checkpoint import MANIFEST, list_checkpoints
+from zero_kit.train.checkpoint import MANIFEST, RUN_INFO, list_checkpoints
 
 pytestmark = pytest.mark.dist
 STEPS = 2
@@ -54,12 +56,20 @@ def _plain_eval_loss(model_dir: Path, eval_file: Path) -> float:
 def test_zero3_two_ranks_eval_and_keep_best(tmp_path):
     eval_file, out = tmp_path / "eval.jsonl", tmp_path / "run"
     _eval_rows(eval_file)
-    flags = ["--nproc", "2", "--stage", "3", "--max-steps", str(STEPS), "--output", str(out), *FAST]
+    flags = ["--nproc", "2", "--stage", "3", "--max-steps", str(STEPS), "--output", str(out), *FAST,
+             "--data-cache", str(tmp_path / "cache")]  # fmt: skip
     # a learning rate far too high, so that a later step is worse and the best checkpoint is not the last one
     evals = ["--eval-data", str(eval_file), "--eval-steps", "1", "--save-steps", "1", "--save-total-limit", "1"]
     tracking = ["--report-to", "tensorboard", "--run-name", "evalrun"]
     proc = run(zero_kit("train", *flags, *evals, *tracking, "--keep-best", "--lr", "0.05", "--precision", "fp32"),
                timeout=300)  # fmt: skip
+    launching = proc.stdout.index("zero-kit train: launching")
+    for what in ("data", "eval data"):  # prepared here, before any rank; the ranks only load (they say nothing)
+        line = next(line for line in proc.stdout.splitlines() if line.startswith(f"zero-kit train: {what}: prepared"))
+        assert f" into {tmp_path / 'cache'}/" in line and proc.stdout.index(line) < launching, proc.stdout
+        assert proc.stdout.count(f"zero-kit train: {what}: ") == 1 + (what == "data"), proc.stdout  # + the stats
+    train_entry = json.loads((out / RUN_INFO).read_text())["data_cache"]  # the run record names the entry it used
+    assert "data: prepared" in proc.stdout and f" into {train_entry}\n" in proc.stdout
     records = [r for r in log_records(out) if "eval_loss" in r]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1)), records
     assert all(math.isclose(r["eval_perplexity"], math.exp(r["eval_loss"])) for r in records)

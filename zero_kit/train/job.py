@@ -13,13 +13,12 @@ import os
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, NamedTuple
 
 from zero_kit.dist import barrier, end_process_group, free_port, single_process_env, slurm_to_torch_env, under_launcher
 from zero_kit.errors import UserError
 from zero_kit.model import check_trusted, resolve_model
-from zero_kit.train import checkpoint, preflight, resume, runfile, stopping, universal
-from zero_kit.train.evaluation import eval_dataset, trainer_arguments
+from zero_kit.train import checkpoint, preflight, resume, rundata, runfile, stopping, universal
+from zero_kit.train.evaluation import trainer_arguments
 from zero_kit.train.inputs import check_inputs
 from zero_kit.train.options import TrainOptions, check_options
 from zero_kit.train.relaunch import RELAUNCHED, relaunch
@@ -27,13 +26,6 @@ from zero_kit.train.run import ResolvedRun, resolve_run
 from zero_kit.watchdog import HEARTBEAT_DIR, Heartbeat, nccl_watchdog_env
 
 FINAL_DIR = "final"
-
-
-class Data(NamedTuple):
-    dataset: Any
-    collator: Any
-    stats: Any
-    eval_dataset: Any = None
 
 
 def run_train(opts: TrainOptions) -> int:
@@ -52,12 +44,14 @@ def run_train(opts: TrainOptions) -> int:
         target = resume.check_before_start(opts, dict(os.environ))
         if target is not None and os.environ.get("RANK", "0") == "0":
             _warn_if_foreign(target)  # its pickles are loaded with weights_only=False by DeepSpeed and the Trainer
+    # tokenized once, before any launcher, process group or op build: a relaunch's ranks find it ready
+    prepared = rundata.prepare(opts, speak)
     if _wants_relaunch(opts):
         return relaunch(opts, opts.nproc)
     _rank_environment(opts)
     finished = False
     try:
-        code = _run_rank(opts)
+        code = _run_rank(opts, prepared)
         finished = True
         return code
     finally:
@@ -82,7 +76,7 @@ def _rank_environment(opts: TrainOptions) -> None:
     os.environ.update({k: v for k, v in nccl_watchdog_env(opts.stall_timeout).items() if k not in os.environ})
 
 
-def _run_rank(opts: TrainOptions) -> int:
+def _run_rank(opts: TrainOptions, prepared: rundata.Prepared) -> int:
     run = resolve_run(opts)  # every decision, before any I/O
     if run.machine.world_size > 1:  # a signal before training: leave at once, see stopping
         stopping.leave_at_once_on_signal(run.output, run.machine.rank == 0 and not os.environ.get(RELAUNCHED))
@@ -92,7 +86,7 @@ def _run_rank(opts: TrainOptions) -> int:
     preflight.check_run(run)  # output dir, disk space, NVMe path, host RAM: before any work
     heartbeat = _start_heartbeat(run)
     try:
-        return _train(run, args, heartbeat)
+        return _train(run, args, heartbeat, prepared)
     finally:
         if heartbeat is not None:
             heartbeat.stop()
@@ -105,7 +99,7 @@ def _start_heartbeat(run: ResolvedRun) -> Heartbeat | None:
     return Heartbeat(run.output / HEARTBEAT_DIR, machine.rank, machine.world_size, run.options.stall_timeout).start()
 
 
-def _train(run: ResolvedRun, args, heartbeat: Heartbeat | None) -> int:
+def _train(run: ResolvedRun, args, heartbeat: Heartbeat | None, prepared: rundata.Prepared) -> int:
     # Start-up beats at each milestone: each part (imports and rendezvous, a universal conversion, the model, the
     # data, DeepSpeed's engine and op loads) gets the long-phase allowance, not all of them together.
     starting = (lambda: heartbeat.beat("startup", 0)) if heartbeat is not None else (lambda: None)
@@ -116,7 +110,7 @@ def _train(run: ResolvedRun, args, heartbeat: Heartbeat | None) -> int:
     starting()
     tokenizer, model, held = _build_model(run.options)
     starting()
-    data = _build_data(run.options, tokenizer)
+    data = rundata.load(prepared, tokenizer)  # memory-mapped
     starting()
     run_info = _record_start(run, held, data, resume_from)
     trainer, preemption = _trainer(run, args, model, tokenizer, data, run_info, heartbeat)
@@ -277,24 +271,9 @@ def _apply_lora(model, opts: TrainOptions):
         raise UserError(f"--lora-targets {','.join(targets)}: {err}", "name Linear modules of the model") from err
 
 
-def _build_data(opts: TrainOptions, tokenizer) -> Data:
-    from zero_kit.data import dataset as zk_data
-
-    rows = zk_data.load_dataset_rows([opts.data] if opts.data else None, opts.format)
-    collator = zk_data.DataCollator(tokenizer.pad_token_id)
-    shape = {"skip_bad": opts.skip_bad, "pack": opts.pack}
-    if opts.val_size is not None:  # a seeded hold-out: the same split on every rank
-        train, held, stats = zk_data.tokenize_split(
-            rows, tokenizer, opts.format, opts.max_length, val_size=opts.val_size, seed=opts.seed, **shape
-        )
-        return Data(train, collator, stats, held)
-    dataset, stats = zk_data.tokenize_dataset(rows, tokenizer, opts.format, opts.max_length, **shape)
-    return Data(dataset, collator, stats, eval_dataset(opts, tokenizer))
-
-
-def _record_start(run: ResolvedRun, held: dict, data: Data, resume_from: Path | None) -> dict:
+def _record_start(run: ResolvedRun, held: dict, data: rundata.Data, resume_from: Path | None) -> dict:
     """The run record: rank 0 writes it to OUTPUT and prints the start lines; every checkpoint gets a copy."""
-    run_info = _run_info(run, held, data.stats)
+    run_info = {**_run_info(run, held, data.stats), "data_cache": data.cache}
     if run.machine.rank == 0:
         run.output.mkdir(parents=True, exist_ok=True)
         checkpoint.atomic_write_text(run.output / checkpoint.RUN_INFO, json.dumps(run_info, indent=1) + "\n")
@@ -331,7 +310,7 @@ def _print_start(run: ResolvedRun, held: dict, stats, resume_from: Path | None, 
     print(f"zero-kit train: {'resuming from ' + str(resume_from) if resume_from else 'starting fresh'}", flush=True)
 
 
-def _trainer(run: ResolvedRun, args, model, tokenizer, data: Data, run_info: dict, heartbeat: Heartbeat | None):
+def _trainer(run: ResolvedRun, args, model, tokenizer, data: rundata.Data, run_info: dict, heartbeat: Heartbeat | None):
     """The HF Trainer with our callbacks, and the preemption callback (`stopped`: the run ended on SIGTERM)."""
     from transformers import PrinterCallback, Trainer
 
