@@ -69,12 +69,9 @@ def _init_distributed(backend_kind: str, pg_backend: str) -> None:
     import torch.distributed as dist
 
     if backend_kind == "deepspeed":
-        import deepspeed
+        from zero_kit.launch.ops import init_distributed
 
-        from zero_kit.launch.ops import guard_op_builds
-
-        guard_op_builds()  # before the shm op's load here and the optimizer's later: no dead lock waited on
-        deepspeed.init_distributed(dist_backend=pg_backend)
+        init_distributed(pg_backend)  # op loads guarded (no dead lock waited on); no shared memory left behind
     elif not dist.is_initialized():
         dist.init_process_group(pg_backend)
 

@@ -175,14 +175,9 @@ def init_deepspeed_comm(backend: str, timeout_s: float) -> None:
     reads the world size from deepspeed.comm, which on CPU nothing else sets up before deepspeed.initialize (the
     Trainer's gloo group is torch's, which DeepSpeed does not see): without this a ZeRO-3 model would be built,
     and its config's batch sizes checked, for a world of one."""
-    from datetime import timedelta
+    from zero_kit.launch.ops import init_distributed
 
-    import deepspeed
-
-    from zero_kit.launch.ops import guard_op_builds
-
-    guard_op_builds()  # before the shm op's load here and the optimizer's later: no dead lock waited on
-    deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
+    init_distributed(backend, timeout_s)  # op loads guarded (no dead lock waited on); no shared memory left behind
 
 
 def _clear_earlier(run: ResolvedRun) -> None:
