@@ -1,0 +1,123 @@
+"""A rank's start-up: its environment before any heavy import (threads per rank among it), and the time to first
+step by stage (issue 23), measured on every run.
+
+Stages, each from the end of the one before: launch (the command's start to this rank's process start; 0 when
+no relaunch), imports (this process's start to torch, transformers and DeepSpeed loaded), rendezvous (the process
+group, DeepSpeed's comm and, when resuming at another world size, the universal conversion), model (tokenizer and
+model build; ZeRO-3 builds inside zero.Init), data, engine (the Trainer and deepspeed.initialize, up to the
+Trainer's on_train_begin), first_step (the first optimizer step, its first batch included).
+
+Rank 0 prints one line and writes OUTPUT/zero_kit_startup.json when the first step ends. Wall clock (time.time),
+because the first stages start in another process (the relaunching parent passes its own start in STARTED_ENV).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from zero_kit.dist import free_port, set_rank_threads, single_process_env, under_launcher
+from zero_kit.train.options import TrainOptions
+from zero_kit.watchdog import nccl_watchdog_env
+
+STARTUP_FILE = "zero_kit_startup.json"
+STARTED_ENV = "ZERO_KIT_STARTED"
+"""Epoch seconds the command started at: set by a relaunching parent for its ranks."""
+STAGES = ("launch", "imports", "rendezvous", "model", "data", "engine", "first_step")
+
+
+def rank_environment(opts: TrainOptions) -> None:
+    """A world of one when no launcher started this process; offline hubs; threads; the NCCL watchdog's variables."""
+    if not under_launcher():
+        os.environ.update(single_process_env(opts.master_port or free_port()))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    set_rank_threads()  # before torch's import: cores / local ranks, unless the user set OMP_NUM_THREADS
+    if opts.run_name:  # TensorBoard names its directory by date and host; the user's variable wins
+        os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(opts.output) / "runs" / opts.run_name))
+    os.environ.update({k: v for k, v in nccl_watchdog_env(opts.stall_timeout).items() if k not in os.environ})
+
+
+def process_start() -> float:
+    """This process's start (epoch seconds, from the OS): the interpreter's own start-up counts as imports."""
+    import psutil
+
+    return psutil.Process().create_time()
+
+
+def command_start() -> float:
+    """When the command started: the relaunching parent's start, else this process's."""
+    given = os.environ.get(STARTED_ENV, "")
+    try:
+        return float(given)
+    except ValueError:
+        return process_start()
+
+
+class StartupClock:
+    """Stage boundaries as wall-clock times; `mark(stage)` closes `stage`."""
+
+    def __init__(self, command: float | None = None, process: float | None = None):
+        self.command = command_start() if command is None else command
+        self.marks: list[tuple[str, float]] = [("launch", process_start() if process is None else process)]
+
+    def mark(self, stage: str) -> None:
+        if stage not in STAGES:
+            raise ValueError(f"unknown start-up stage {stage!r}; choose from {STAGES}")
+        if stage not in self.done():
+            self.marks.append((stage, time.time()))
+
+    def done(self) -> list[str]:
+        return [stage for stage, _ in self.marks]
+
+    def stages(self) -> dict[str, float]:
+        """Seconds per closed stage, in order (a clock skew of the launch stage reads as 0, never negative)."""
+        starts = [self.command] + [at for _, at in self.marks[:-1]]
+        return {stage: round(max(0.0, at - start), 3) for (stage, at), start in zip(self.marks, starts, strict=True)}
+
+    def record(self) -> dict:
+        stages = self.stages()
+        return {
+            "time_to_first_step_s": round(sum(stages.values()), 3),
+            "stages_s": stages,
+            "measured": "wall clock on rank 0, from the command's start; each stage from the end of the one before",
+        }
+
+    def line(self) -> str:
+        record = self.record()
+        parts = ", ".join(f"{stage} {seconds:.1f} s" for stage, seconds in record["stages_s"].items())
+        return f"zero-kit train: time to first step {record['time_to_first_step_s']:.1f} s ({parts})"
+
+    def finish(self, output: Path) -> None:
+        """Rank 0, after the first step: the JSON beside the run record, and one line."""
+        from zero_kit.train.checkpoint import atomic_write_text
+
+        atomic_write_text(output / STARTUP_FILE, json.dumps(self.record(), indent=1) + "\n")
+        print(self.line(), flush=True)
+
+    @classmethod
+    def after_imports(cls) -> StartupClock:
+        """A clock whose imports stage is closed: the heavy libraries are loaded now, so that their cost is one
+        stage and not spread over the others."""
+        clock = cls()
+        import deepspeed  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+
+        clock.mark("imports")
+        return clock
+
+
+def milestones(clock: StartupClock, beat: Callable[[], None]) -> Callable[[str], None]:
+    """One call per start-up milestone: closes the stage and beats the stall watchdog (each part of the start-up
+    gets the long-phase allowance, not all of them together)."""
+
+    def reached(stage: str) -> None:
+        clock.mark(stage)
+        beat()
+
+    return reached
