@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -64,12 +65,17 @@ class StartupClock:
     def __init__(self, command: float | None = None, process: float | None = None):
         self.command = command_start() if command is None else command
         self.marks: list[tuple[str, float]] = [("launch", process_start() if process is None else process)]
+        self.rss: dict[str, int] = {}
+        """Resident bytes of this process at the end of each stage: the data stage's growth is the data's cost."""
 
     def mark(self, stage: str) -> None:
+        import psutil
+
         if stage not in STAGES:
             raise ValueError(f"unknown start-up stage {stage!r}; choose from {STAGES}")
         if stage not in self.done():
             self.marks.append((stage, time.time()))
+            self.rss[stage] = psutil.Process().memory_info().rss
 
     def done(self) -> list[str]:
         return [stage for stage, _ in self.marks]
@@ -80,11 +86,21 @@ class StartupClock:
         return {stage: round(max(0.0, at - start), 3) for (stage, at), start in zip(self.marks, starts, strict=True)}
 
     def record(self) -> dict:
-        stages = self.stages()
+        import resource
+
+        stages, mib = self.stages(), 2**20
+        torch = sys.modules.get("torch")
         return {
             "time_to_first_step_s": round(sum(stages.values()), 3),
             "stages_s": stages,
-            "measured": "wall clock on rank 0, from the command's start; each stage from the end of the one before",
+            "rss_mib_after": {stage: round(rss / mib, 1) for stage, rss in self.rss.items()},
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
+            "threads": {
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+                "torch": torch.get_num_threads() if torch else None,
+            },  # fmt: skip
+            "measured": "rank 0: wall clock from the command's start, each stage from the end of the one before; "
+            "resident memory of this rank's process at each stage's end and its peak (getrusage)",
         }
 
     def line(self) -> str:
