@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work).absolute()
     work.mkdir(parents=True, exist_ok=True)
     record = {"environment": environment(), "zero_kit_args": ZERO_KIT_ARGS, "sizes": {}}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{time.strftime('%Y%m%d_%H%M', time.gmtime())}_{args.side}.json"
     for rows in (int(r) for r in args.rows.split(",")):
         data = make_rows(rows, work / f"alpaca_{rows}.jsonl")
         entry = record["sizes"].setdefault(str(rows), {"file_mib": round(data.stat().st_size / 2**20, 1)})
@@ -96,11 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             entry["zero_kit"] = zero_kit_side(rows, data, work)
         if args.side in ("both", "peer"):
             entry["peer"] = peer_side(rows, data, work, args.peer_python)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{time.strftime('%Y%m%d_%H%M', time.gmtime())}_{args.side}.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {path}")
+        path.write_text(json.dumps(record, indent=1) + "\n")  # after each size: a long run cut short keeps its figures
+        print(f"wrote {path}", flush=True)
     return 0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -17,20 +18,28 @@ import psutil
 POLL_S = 0.25
 
 
-def train(args: list[str], output: Path, log: Path, extra_env: dict[str, str] | None = None) -> dict:
-    """Run `python -m zero_kit.cli train ARGS --output OUTPUT` (its output to `log`); the measurements."""
+def train(args: list[str], output: Path, log: Path, extra_env: dict[str, str] | None = None,
+          stop_at_first_step: bool = False) -> dict:  # fmt: skip
+    """Run `python -m zero_kit.cli train ARGS --output OUTPUT` (its output to `log`); the measurements.
+    stop_at_first_step: SIGKILL the job (its own session) once the start-up record is written, sparing the save of
+    a large model's checkpoint that follows the last step."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **(extra_env or {})}
     cmd = [sys.executable, "-m", "zero_kit.cli", "train", *args, "--output", str(output)]
+    startup_file = output / "zero_kit_startup.json"
+    startup_file.unlink(missing_ok=True)
     peaks: dict[int, int] = {}
     started = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         while proc.poll() is None:
             for pid in _rank_pids(proc.pid):
                 peaks[pid] = max(peaks.get(pid, 0), _vm_hwm(pid))
+            if stop_at_first_step and startup_file.is_file():
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                break
             time.sleep(POLL_S)
     wall = time.perf_counter() - started
-    startup_file = output / "zero_kit_startup.json"
     return {
         "command": " ".join(["zero-kit", "train", *args, "--output", str(output)]),
         "exit_code": proc.returncode,
