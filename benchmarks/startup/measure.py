@@ -28,12 +28,14 @@ def train(args: list[str], output: Path, log: Path, extra_env: dict[str, str] | 
     startup_file = output / "zero_kit_startup.json"
     startup_file.unlink(missing_ok=True)
     peaks: dict[int, int] = {}
+    cpu: dict[int, float] = {}  # CPU seconds each rank used so far: on a shared host, wall time is also others' load
     started = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         while proc.poll() is None:
             for pid in _rank_pids(proc.pid):
                 peaks[pid] = max(peaks.get(pid, 0), _vm_hwm(pid))
+                cpu[pid] = max(cpu.get(pid, 0.0), _cpu_s(pid))
             if stop_at_first_step and startup_file.is_file():
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -45,6 +47,7 @@ def train(args: list[str], output: Path, log: Path, extra_env: dict[str, str] | 
         "exit_code": proc.returncode,
         "wall_s": round(wall, 1),
         "peak_rss_mib_per_rank": [round(peak / 2**20) for _, peak in sorted(peaks.items())],
+        "cpu_s_per_rank": [round(seconds, 1) for _, seconds in sorted(cpu.items())],
         "startup": json.loads(startup_file.read_text()) if startup_file.is_file() else None,
     }
 
@@ -66,6 +69,14 @@ def _rank_pids(root: int) -> list[int]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return pids
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return 0.0
+    return times.user + times.system
 
 
 def _vm_hwm(pid: int) -> int:
