@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -47,10 +48,17 @@ def make_rows(count: int, path: Path) -> Path:
 
 
 def zero_kit_side(rows: int, data: Path, work: Path) -> dict:
-    output = work / f"run_{rows}"
+    """Two starts with the same inputs; a data cache of their own (where zero_kit has one), empty before the first."""
+    from zero_kit.train.options import TrainOptions
+
+    output, args = work / f"run_{rows}", [*ZERO_KIT_ARGS, "--data", str(data)]
+    if hasattr(TrainOptions, "data_cache"):
+        cache = work / f"data_cache_{rows}"
+        shutil.rmtree(cache, ignore_errors=True)
+        args += ["--data-cache", str(cache)]
     starts = {}
     for start in ("first", "second"):
-        starts[start] = train([*ZERO_KIT_ARGS, "--data", str(data)], output, work / f"zero_kit_{rows}_{start}.log")
+        starts[start] = train(args, output, work / f"zero_kit_{rows}_{start}.log")
         print(f"zero_kit {rows} rows, {start} start: {_summary(starts[start])}", flush=True)
     return starts
 

@@ -23,7 +23,7 @@ from zero_kit.train.startup import STAGES, STARTUP_FILE, StartupClock, milestone
 def _clock(times: list[float]) -> StartupClock:
     """A clock whose command started at 100.0 and whose process started at 103.0; stages end at `times`."""
     clock = StartupClock(command=100.0, process=103.0)
-    for stage, at in zip(STAGES[1:], times, strict=False):
+    for stage, at in zip(STAGES[2:], times, strict=False):
         clock.marks.append((stage, at))
         clock.rss[stage] = 2**20 * len(clock.marks)
     return clock
@@ -45,6 +45,26 @@ def test_each_stage_runs_from_the_end_of_the_one_before():
     assert record["rss_mib_after"]["data"] == 5.0
     assert record["peak_rss_mib"] > 0
     assert clock.line().startswith("zero-kit train: time to first step 26.0 s (launch 3.0 s, imports 7.0 s,")
+
+
+def test_a_relaunchs_ranks_continue_the_parents_clock(monkeypatch):
+    parent = StartupClock(command=100.0, process=100.0)
+    parent.marks.append(("prepare", 104.5))  # the parent prepared the data before starting the launcher
+    for name, value in parent.for_ranks().items():
+        monkeypatch.setenv(name, value)
+    rank = StartupClock()  # this process started after the parent's prepare mark
+    rank.mark("prepare")  # the rank's own (cached) prepare: already closed by the parent's mark
+    rank.mark("imports")
+    stages = rank.stages()
+    assert list(stages) == ["prepare", "launch", "imports"]
+    assert stages["prepare"] == 4.5 and stages["launch"] > 0
+
+
+def test_without_a_relaunch_the_stages_come_in_the_order_they_happened():
+    clock = StartupClock(command=100.0, process=100.0)
+    clock.mark("prepare")
+    clock.mark("imports")
+    assert list(clock.stages()) == ["launch", "prepare", "imports"]
 
 
 def test_a_launch_stage_under_clock_skew_is_zero_and_a_stage_closes_once():

@@ -57,8 +57,22 @@ class Rows:
         return self._count
 
     def __iter__(self) -> Iterator[tuple[RowSource, int, Any]]:
+        return self.span(0, self._count)
+
+    def locate(self, position: int) -> tuple[RowSource, int]:
+        """The source and the index in it of the row at `position` (counted over all sources)."""
         for source in self.sources:
-            for index in range(len(source.rows)):
+            if position < len(source.rows):
+                return source, position
+            position -= len(source.rows)
+        raise IndexError(position)
+
+    def span(self, start: int, stop: int) -> Iterator[tuple[RowSource, int, Any]]:
+        """(source, index, row) for the rows at positions start..stop-1."""
+        offset = 0
+        for source in self.sources:
+            size = len(source.rows)
+            for index in range(max(start - offset, 0), min(stop - offset, size)):
                 try:
                     row = source.rows[index]
                 except Exception as err:  # arrow data that decodes badly only when a row is read
@@ -66,6 +80,7 @@ class Rows:
                         f"{source.where(index)}: unreadable ({type(err).__name__}: {err})", "rewrite the file"
                     ) from None
                 yield source, index, row
+            offset += size
 
 
 def _decode(path: str, data: bytes) -> str:

@@ -124,41 +124,50 @@ def clear_stale_lock(build_dir: Path, recheck_s: float = STALE_RECHECK_S, others
     return "cleared"
 
 
-def read_owner(build_dir: Path) -> dict | None:
+def read_owner(build_dir: Path, name: str = OWNER) -> dict | None:
     try:
-        return json.loads((build_dir / OWNER).read_text(encoding="utf-8"))
+        return json.loads((build_dir / name).read_text(encoding="utf-8"))
     except (OSError, ValueError):  # none, or being written
         return None
+
+
+@contextmanager
+def owner_lock(owner: Path, what: str) -> Iterator[bool]:
+    """Hold the flock on `owner` (a small file, created when missing), waiting while a live process holds it (said in
+    one line after QUIET_WAIT_S, naming `what`, its pid and host), then record ourselves in it. Yields False on a
+    filesystem without flock, where nothing is held. The kernel drops an flock when its holder dies (also kill -9),
+    so a dead holder is never waited on."""
+    owner.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(owner, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        locked = _take_slot(fd, owner, what)
+        if locked:
+            record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(record).encode(), 0)
+        yield locked
+    finally:
+        os.close(fd)  # drops the flock
 
 
 @contextmanager
 def build_slot(build_dir: Path) -> Iterator[None]:
     """Hold the op's build: wait (saying on whom and since when) while another live zero_kit process builds it,
     then record ourselves as its builder and clear a dead builder's lock."""
-    build_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(build_dir / OWNER, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if _take_slot(fd, build_dir):
-            record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(record).encode(), 0)
-            clear_stale_lock(build_dir)
-        else:
-            clear_stale_lock(build_dir, others_visible=False)
+    with owner_lock(build_dir / OWNER, f"{build_dir.name}'s build") as locked:
+        clear_stale_lock(build_dir, others_visible=locked)
         yield
-    finally:
-        os.close(fd)  # drops the flock
 
 
-def _take_slot(fd: int, build_dir: Path) -> bool:
-    """The slot's flock, waited for while a live build holds it; False on a filesystem without flock."""
+def _take_slot(fd: int, owner: Path, what: str) -> bool:
+    """The slot's flock, waited for while a live holder has it; False on a filesystem without flock."""
     try:
         if not _flock_within(fd, QUIET_WAIT_S):
-            owner = read_owner(build_dir) or {}
-            since = f"since {_clock(owner['started'])}" if "started" in owner else "since an unknown time"
-            who = f"pid {owner.get('pid', '?')} on {owner.get('host', '?')}"
-            _say(f"waiting for {build_dir.name}'s build by {who} ({since}) in {build_dir}")
-            fcntl.flock(fd, fcntl.LOCK_EX)  # a dead holder's flock is gone: this wait ends with a live build
+            record = read_owner(owner.parent, owner.name) or {}
+            since = f"since {_clock(record['started'])}" if "started" in record else "since an unknown time"
+            who = f"pid {record.get('pid', '?')} on {record.get('host', '?')}"
+            _say(f"waiting for {what} by {who} ({since}) in {owner.parent}")
+            fcntl.flock(fd, fcntl.LOCK_EX)  # a dead holder's flock is gone: this wait ends with a live holder
     except OSError as err:  # ENOLCK, EOPNOTSUPP: some network filesystems mounted without locks
         if isinstance(err, BlockingIOError):
             raise

@@ -3,7 +3,7 @@ machinery: its evaluate() (every rank takes part, which ZeRO-3 needs: each holds
 report_to integrations (TensorBoard, W&B, MLflow).
 
 - Eval data is --eval-data (read, masked and packed as --data is) or --val-size, a seeded hold-out of --data's
-  examples (zero_kit.data.dataset.tokenize_split).
+  examples; both prepared with the training data (zero_kit.train.rundata).
 - eval_loss is the Trainer's: in each eval step the loss over every graded token of all ranks' batches (transformers
   counts the tokens across ranks), then the mean over the eval steps; tests/dist/test_eval_train.py checks it
   against a plain one-process evaluation. eval_perplexity = exp(eval_loss) joins the same log entry, so the
@@ -32,19 +32,6 @@ def trainer_arguments(opts: TrainOptions, micro_batch: int) -> dict:
         "report_to": targets,
         "run_name": opts.run_name,
     }
-
-
-def eval_dataset(opts: TrainOptions, tokenizer):
-    """The --eval-data set, tokenized as training data is (None without --eval-data)."""
-    from zero_kit.data import dataset as zk_data
-
-    if opts.eval_data is None:
-        return None
-    rows = zk_data.load_dataset_rows([opts.eval_data], opts.format)
-    dataset, _ = zk_data.tokenize_dataset(
-        rows, tokenizer, opts.format, opts.max_length, skip_bad=opts.skip_bad, pack=opts.pack
-    )
-    return dataset
 
 
 def perplexity(loss: float) -> float:

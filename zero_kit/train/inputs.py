@@ -29,6 +29,7 @@ def check_inputs(opts: TrainOptions, *, output: bool = True) -> None:
     checks = (
         _check_data,
         _check_eval_data,
+        _check_data_cache,
         _check_val_size,
         _check_trackers,
         _check_model,
@@ -54,6 +55,12 @@ def _check_data(opts: TrainOptions) -> None:
 def _check_eval_data(opts: TrainOptions) -> None:
     if opts.eval_data is not None:
         _check_rows("--eval-data", opts.eval_data, opts)
+
+
+def _check_data_cache(opts: TrainOptions) -> None:
+    from zero_kit.train.rundata import cache_dir
+
+    check_writable_dir(cache_dir(opts), "--data-cache")
 
 
 def _check_val_size(opts: TrainOptions) -> None:

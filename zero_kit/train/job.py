@@ -13,13 +13,12 @@ import os
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, NamedTuple
 
 from zero_kit.dist import barrier, end_process_group, slurm_to_torch_env, under_launcher
 from zero_kit.errors import UserError
 from zero_kit.model import check_trusted, resolve_model
-from zero_kit.train import checkpoint, preflight, resume, runfile, startup, stopping, universal
-from zero_kit.train.evaluation import eval_dataset, trainer_arguments
+from zero_kit.train import checkpoint, preflight, resume, rundata, runfile, startup, stopping, universal
+from zero_kit.train.evaluation import trainer_arguments
 from zero_kit.train.inputs import check_inputs
 from zero_kit.train.options import TrainOptions, check_options
 from zero_kit.train.relaunch import RELAUNCHED, relaunch
@@ -27,13 +26,6 @@ from zero_kit.train.run import ResolvedRun, resolve_run
 from zero_kit.watchdog import HEARTBEAT_DIR, Heartbeat
 
 FINAL_DIR = "final"
-
-
-class Data(NamedTuple):
-    dataset: Any
-    collator: Any
-    stats: Any
-    eval_dataset: Any = None
 
 
 def run_train(opts: TrainOptions) -> int:
@@ -52,12 +44,17 @@ def run_train(opts: TrainOptions) -> int:
         target = resume.check_before_start(opts, dict(os.environ))
         if target is not None and os.environ.get("RANK", "0") == "0":
             _warn_if_foreign(target)  # its pickles are loaded with weights_only=False by DeepSpeed and the Trainer
+    clock = startup.StartupClock()  # time to first step, by stage; a relaunch's ranks go on from its marks
+    # tokenized once, before any launcher, process group or op build: a relaunch's ranks find it ready
+    prepared = rundata.prepare(opts, speak)
+    clock.mark("prepare")
     if _wants_relaunch(opts):
+        os.environ.update(clock.for_ranks())
         return relaunch(opts, opts.nproc)
     startup.rank_environment(opts)  # before torch's first import
     finished = False
     try:
-        code = _run_rank(opts)
+        code = _run_rank(opts, prepared, clock)
         finished = True
         return code
     finally:
@@ -70,8 +67,8 @@ def _wants_relaunch(opts: TrainOptions) -> bool:
     return not under_launcher() and bool(wants_ranks) and not os.environ.get(RELAUNCHED)
 
 
-def _run_rank(opts: TrainOptions) -> int:
-    clock = startup.StartupClock.after_imports()  # time to first step, by stage
+def _run_rank(opts: TrainOptions, prepared: rundata.Prepared, clock: startup.StartupClock) -> int:
+    clock.imports()  # torch, transformers and DeepSpeed: one stage, not spread over the others
     run = resolve_run(opts)  # every decision, before any I/O
     if run.machine.world_size > 1:  # a signal before training: leave at once, see stopping
         stopping.leave_at_once_on_signal(run.output, run.machine.rank == 0 and not os.environ.get(RELAUNCHED))
@@ -81,7 +78,7 @@ def _run_rank(opts: TrainOptions) -> int:
     preflight.check_run(run)  # output dir, disk space, NVMe path, host RAM: before any work
     heartbeat = _start_heartbeat(run)
     try:
-        return _train(run, args, heartbeat, clock)
+        return _train(run, args, heartbeat, prepared, clock)
     finally:
         if heartbeat is not None:
             heartbeat.stop()
@@ -94,7 +91,8 @@ def _start_heartbeat(run: ResolvedRun) -> Heartbeat | None:
     return Heartbeat(run.output / HEARTBEAT_DIR, machine.rank, machine.world_size, run.options.stall_timeout).start()
 
 
-def _train(run: ResolvedRun, args, heartbeat: Heartbeat | None, clock: startup.StartupClock) -> int:
+def _train(run: ResolvedRun, args, heartbeat: Heartbeat | None, prepared: rundata.Prepared,
+           clock: startup.StartupClock) -> int:  # fmt: skip
     # Start-up beats at each milestone: each part (imports and rendezvous, a universal conversion, the model, the
     # data, DeepSpeed's engine and op loads) gets the long-phase allowance, not all of them together.
     beat = (lambda: heartbeat.beat("startup", 0)) if heartbeat is not None else (lambda: None)
@@ -106,7 +104,7 @@ def _train(run: ResolvedRun, args, heartbeat: Heartbeat | None, clock: startup.S
     starting("rendezvous")
     tokenizer, model, held = _build_model(run.options)
     starting("model")
-    data = _build_data(run.options, tokenizer)
+    data = rundata.load(prepared, tokenizer)  # memory-mapped
     starting("data")
     run_info = _record_start(run, held, data, resume_from)
     trainer, preemption = _trainer(run, args, model, tokenizer, data, run_info, heartbeat, clock)
@@ -267,22 +265,7 @@ def _apply_lora(model, opts: TrainOptions):
         raise UserError(f"--lora-targets {','.join(targets)}: {err}", "name Linear modules of the model") from err
 
 
-def _build_data(opts: TrainOptions, tokenizer) -> Data:
-    from zero_kit.data import dataset as zk_data
-
-    rows = zk_data.load_dataset_rows([opts.data] if opts.data else None, opts.format)
-    collator = zk_data.DataCollator(tokenizer.pad_token_id)
-    shape = {"skip_bad": opts.skip_bad, "pack": opts.pack}
-    if opts.val_size is not None:  # a seeded hold-out: the same split on every rank
-        train, held, stats = zk_data.tokenize_split(
-            rows, tokenizer, opts.format, opts.max_length, val_size=opts.val_size, seed=opts.seed, **shape
-        )
-        return Data(train, collator, stats, held)
-    dataset, stats = zk_data.tokenize_dataset(rows, tokenizer, opts.format, opts.max_length, **shape)
-    return Data(dataset, collator, stats, eval_dataset(opts, tokenizer))
-
-
-def _record_start(run: ResolvedRun, held: dict, data: Data, resume_from: Path | None) -> dict:
+def _record_start(run: ResolvedRun, held: dict, data: rundata.Data, resume_from: Path | None) -> dict:
     """The run record: rank 0 writes it to OUTPUT and prints the start lines; every checkpoint gets a copy."""
     run_info = _run_info(run, held, data.stats)
     if run.machine.rank == 0:
@@ -321,8 +304,8 @@ def _print_start(run: ResolvedRun, held: dict, stats, resume_from: Path | None, 
     print(f"zero-kit train: {'resuming from ' + str(resume_from) if resume_from else 'starting fresh'}", flush=True)
 
 
-def _trainer(run: ResolvedRun, args, model, tokenizer, data: Data, run_info: dict, heartbeat: Heartbeat | None,
-             clock: startup.StartupClock):  # fmt: skip
+def _trainer(run: ResolvedRun, args, model, tokenizer, data: rundata.Data, run_info: dict,
+             heartbeat: Heartbeat | None, clock: startup.StartupClock):  # fmt: skip
     """The HF Trainer with our callbacks, and the preemption callback (`stopped`: the run ended on SIGTERM)."""
     from transformers import PrinterCallback, Trainer
 

@@ -37,6 +37,10 @@ class TrainOptions(ZeroOptions):
     """Pack short examples into full --max-length sequences (labels never cross example boundaries)."""
     skip_bad: bool = False
     """Skip (and count in the log) bad rows instead of stopping with an error naming file and row."""
+    data_cache: str | None = None
+    """Where the data is kept once tokenized (Arrow files every rank memory-maps; a second start with the same inputs
+    skips the tokenizing). Default: $HF_DATASETS_CACHE/zero_kit (~/.cache/huggingface/datasets/zero_kit). A shared
+    filesystem is fine: one process prepares, the others wait for it."""
     eval_data: str | None = None
     """Evaluation data (same kinds and --format as --data), tokenized, masked and packed as for training."""
     val_size: float | None = None

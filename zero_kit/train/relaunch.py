@@ -14,7 +14,6 @@ from zero_kit.launch import Launch, Launcher, from_hostfile, launch_commands, lo
 from zero_kit.options import options_to_argv
 from zero_kit.train import stopping
 from zero_kit.train.options import TrainOptions
-from zero_kit.train.startup import STARTED_ENV, process_start
 from zero_kit.watchdog import HEARTBEAT_DIR
 
 RELAUNCHED = "ZERO_KIT_RELAUNCHED"
@@ -40,7 +39,7 @@ def relaunch_command(opts: TrainOptions, nproc: int | None, port: int) -> list[s
 def relaunch(opts: TrainOptions, nproc: int | None, argv: list[str] | None = None) -> int:
     """Run the same job under the `deepspeed` launcher and return its exit code. argv: this command's arguments,
     for the command that continues a stopped run (default: sys.argv)."""
-    env = {**os.environ, RELAUNCHED: "1", "PYTHONUNBUFFERED": "1", STARTED_ENV: str(process_start())}  # startup
+    env = {**os.environ, RELAUNCHED: "1", "PYTHONUNBUFFERED": "1"}
     # With a hostfile the rendezvous is on the first host, whose free ports this host cannot see.
     port = opts.master_port or (RENDEZVOUS_PORT if opts.hostfile else free_port())
     plan = relaunch_plan(opts, nproc, port, environ=env)

@@ -1,14 +1,16 @@
 """A rank's start-up: its environment before any heavy import (threads per rank among it), and the time to first
 step by stage (issue 23), measured on every run.
 
-Stages, each from the end of the one before: launch (the command's start to this rank's process start; 0 when
-no relaunch), imports (this process's start to torch, transformers and DeepSpeed loaded), rendezvous (the process
-group, DeepSpeed's comm and, when resuming at another world size, the universal conversion), model (tokenizer and
-model build; ZeRO-3 builds inside zero.Init), data, engine (the Trainer and deepspeed.initialize, up to the
-Trainer's on_train_begin), first_step (the first optimizer step, its first batch included).
+Stages, each from the end of the one before, in the order they happened: prepare (the data cache entry found or
+built: zero_kit.train.rundata; a relaunching parent does it before any launcher), launch (to this rank's process
+start: the launcher's own start-up; 0 without one), imports (torch, transformers and DeepSpeed loaded), rendezvous
+(the process group, DeepSpeed's comm and, when resuming at another world size, the universal conversion), model
+(tokenizer and model build; ZeRO-3 builds inside zero.Init), data (the datasets memory-mapped from the cache),
+engine (the Trainer and deepspeed.initialize, up to the Trainer's on_train_begin), first_step (the first optimizer
+step, its first batch included).
 
 Rank 0 prints one line and writes OUTPUT/zero_kit_startup.json when the first step ends. Wall clock (time.time),
-because the first stages start in another process (the relaunching parent passes its own start in STARTED_ENV).
+because the first stages happen in another process: a relaunching parent passes its start and its prepare mark.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from zero_kit.watchdog import nccl_watchdog_env
 STARTUP_FILE = "zero_kit_startup.json"
 STARTED_ENV = "ZERO_KIT_STARTED"
 """Epoch seconds the command started at: set by a relaunching parent for its ranks."""
-STAGES = ("launch", "imports", "rendezvous", "model", "data", "engine", "first_step")
+PREPARED_ENV = "ZERO_KIT_PREPARED"
+"""Epoch seconds the relaunching parent's data preparation ended at."""
+STAGES = ("prepare", "launch", "imports", "rendezvous", "model", "data", "engine", "first_step")
 
 
 def rank_environment(opts: TrainOptions) -> None:
@@ -52,11 +56,15 @@ def process_start() -> float:
 
 def command_start() -> float:
     """When the command started: the relaunching parent's start, else this process's."""
-    given = os.environ.get(STARTED_ENV, "")
+    given = _epoch(os.environ.get(STARTED_ENV, ""))
+    return process_start() if given is None else given
+
+
+def _epoch(text: str) -> float | None:
     try:
-        return float(given)
+        return float(text)
     except ValueError:
-        return process_start()
+        return None
 
 
 class StartupClock:
@@ -64,7 +72,9 @@ class StartupClock:
 
     def __init__(self, command: float | None = None, process: float | None = None):
         self.command = command_start() if command is None else command
-        self.marks: list[tuple[str, float]] = [("launch", process_start() if process is None else process)]
+        parent = _epoch(os.environ.get(PREPARED_ENV, "")) if command is None else None
+        self.marks: list[tuple[str, float]] = [("prepare", parent)] if parent is not None else []
+        self.marks.append(("launch", process_start() if process is None else process))
         self.rss: dict[str, int] = {}
         """Resident bytes of this process at the end of each stage: the data stage's growth is the data's cost."""
 
@@ -115,17 +125,18 @@ class StartupClock:
         atomic_write_text(output / STARTUP_FILE, json.dumps(self.record(), indent=1) + "\n")
         print(self.line(), flush=True)
 
-    @classmethod
-    def after_imports(cls) -> StartupClock:
-        """A clock whose imports stage is closed: the heavy libraries are loaded now, so that their cost is one
-        stage and not spread over the others."""
-        clock = cls()
+    def for_ranks(self) -> dict[str, str]:
+        """The variables a relaunch's ranks continue this clock from: the command's start, the prepare mark."""
+        prepared = [at for stage, at in self.marks if stage == "prepare"]
+        return {STARTED_ENV: repr(self.command), **({PREPARED_ENV: repr(prepared[0])} if prepared else {})}
+
+    def imports(self) -> None:
+        """Load the heavy libraries now, so that their cost is one stage and not spread over the others."""
         import deepspeed  # noqa: F401
         import torch  # noqa: F401
         import transformers  # noqa: F401
 
-        clock.mark("imports")
-        return clock
+        self.mark("imports")
 
 
 def milestones(clock: StartupClock, beat: Callable[[], None]) -> Callable[[str], None]:
