@@ -65,6 +65,7 @@ def zero_kit_side(rows: int, data: Path, work: Path) -> dict:
 
 def peer_side(rows: int, data: Path, work: Path, peer_python: str) -> dict:
     cache = work / f"peer_cache_{rows}"
+    shutil.rmtree(cache, ignore_errors=True)  # the first start finds nothing prepared
     starts = {}
     for start in ("first", "second"):
         cmd = [peer_python, str(HERE / "peer.py"), "--data", str(data), "--cache", str(cache)]
@@ -86,6 +87,37 @@ def _summary(result: dict) -> str:
     )
 
 
+def table(record: dict) -> str:
+    """The markdown table of a results JSON: per size, each side's first and second start."""
+    lines = [
+        "| rows | start | zero_kit: time to first step | of it: prepare + data | peak RSS per rank | CPU s per rank "
+        "| LLaMA-Factory: preprocessing | its imports | its peak RSS (main / largest worker) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for rows, entry in record["sizes"].items():
+        for start in ("first", "second"):
+            ours = (entry.get("zero_kit") or {}).get(start) or {}
+            peer = (entry.get("peer") or {}).get(start) or {}
+            stages = (ours.get("startup") or {}).get("stages_s") or {}
+            ttfs = (ours.get("startup") or {}).get("time_to_first_step_s")
+            data = stages.get("prepare", 0) + stages.get("data", 0) if stages else None
+            lines.append(
+                f"| {int(rows):,} | {start} | {_s(ttfs)} | {_s(data)} | {_list(ours.get('peak_rss_mib_per_rank'), 'MiB')} "
+                f"| {_list(ours.get('cpu_s_per_rank'), 's')} | {_s(peer.get('preprocess_s'))} | {_s(peer.get('imports_s'))} "
+                f"| {_list([peer.get('peak_rss_mib'), peer.get('peak_rss_mib_largest_worker')], 'MiB')} |"
+            )
+    return "\n".join(lines)
+
+
+def _s(value) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def _list(values, unit: str) -> str:
+    values = [v for v in values or [] if v is not None]
+    return " / ".join(f"{v:g}" for v in values) + f" {unit}" if values else "-"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default=",".join(map(str, SIZES)), help="comma-separated row counts")
@@ -93,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-python", default="build/venv-peer/bin/python", help="the peer venv's python")
     parser.add_argument("--work", default="build/data_scale", help="rows, runs and caches (deleted by hand)")
     parser.add_argument("--out", default=str(HERE / "results"), help="where the JSON goes")
+    parser.add_argument("--table", default=None, metavar="RESULTS_JSON", help="print the table of a results file")
     args = parser.parse_args(argv)
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())))
+        return 0
     work = Path(args.work).absolute()
     work.mkdir(parents=True, exist_ok=True)
     record = {"environment": environment(), "zero_kit_args": ZERO_KIT_ARGS, "sizes": {}}
