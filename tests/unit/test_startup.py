@@ -115,9 +115,9 @@ def test_a_users_omp_num_threads_wins_and_is_left_alone(monkeypatch):
 
 
 def test_unset_omp_num_threads_is_set_for_this_rank(monkeypatch):
-    monkeypatch.delenv(THREADS_ENV, raising=False)
+    monkeypatch.setenv(THREADS_ENV, "")  # empty reads as unset; setenv (not delenv) puts the original back after
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    monkeypatch.delenv("LOCAL_SIZE", raising=False)
+    monkeypatch.setenv("LOCAL_SIZE", "")
     expected = len(os.sched_getaffinity(0))
     assert set_rank_threads() == expected
     assert os.environ[THREADS_ENV] == str(expected)
