@@ -50,7 +50,7 @@ THREADS_ENV = "OMP_NUM_THREADS"
 
 def rank_threads(environ: dict[str, str], cores: int) -> int:
     """Threads for one rank's intra-op pool: the usable cores shared by the ranks on this node, at least one.
-    Measured in benchmarks/startup/: 2 ranks on 2 cores run faster with 1 thread each than with accelerate's 2."""
+    No more busy threads than cores; DeepSpeed's own core binding gives the same. benchmarks/startup/ has the A/B."""
     ranks = int(environ.get("LOCAL_WORLD_SIZE") or environ.get("LOCAL_SIZE") or 1)
     return max(1, cores // max(1, ranks))
 
