@@ -91,6 +91,8 @@ def _step_time(log: Path) -> float | None:
     """Mean seconds per step after the first (train_log.jsonl's elapsed_s is counted from the train start)."""
     records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
     steps = [r for r in records if "elapsed_s" in r and "loss" in r]
+    starts = [index for index, r in enumerate(steps) if r["step"] == 1]
+    steps = steps[starts[-1] :] if starts else steps  # the log is appended to: this run's records only
     if len(steps) < 2:
         return None
     return round((steps[-1]["elapsed_s"] - steps[0]["elapsed_s"]) / (steps[-1]["step"] - steps[0]["step"]), 3)
