@@ -45,6 +45,29 @@ def local_world_size(default: int) -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or default)
 
 
+THREADS_ENV = "OMP_NUM_THREADS"
+
+
+def rank_threads(environ: dict[str, str], cores: int) -> int:
+    """Threads for one rank's intra-op pool: the usable cores shared by the ranks on this node, at least one.
+    No more busy threads than cores; DeepSpeed's own core binding gives the same. benchmarks/startup/ has the A/B."""
+    ranks = int(environ.get("LOCAL_WORLD_SIZE") or environ.get("LOCAL_SIZE") or 1)
+    return max(1, cores // max(1, ranks))
+
+
+def set_rank_threads() -> int | None:
+    """OMP_NUM_THREADS for this rank, before torch's first import reads it (and torch's pool, if torch is loaded
+    already), unless it is set: a user's value wins (torchrun's own 1 for several ranks reads the same). With the
+    variable set, accelerate neither applies its own rule (physical cores / local ranks) nor warns about it."""
+    if os.environ.get(THREADS_ENV, "").strip():
+        return None
+    threads = rank_threads(dict(os.environ), len(os.sched_getaffinity(0)))
+    os.environ[THREADS_ENV] = str(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    return threads
+
+
 def slurm_to_torch_env(env: dict[str, str]) -> dict[str, str]:
     """srun started one task per rank: derive the torch.distributed variables from SLURM's (empty otherwise)."""
     if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env or under_launcher(env):

@@ -4,6 +4,8 @@ bitwise the same weights as an uninterrupted run; a SIGTERM (preemption) saves, 
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from tests.support.runs import (
     run_info,
 )
 from zero_kit.train.options import EXIT_PREEMPTED
+from zero_kit.train.startup import STAGES, STARTUP_FILE
 
 pytestmark = pytest.mark.dist
 STEPS = 5
@@ -35,7 +38,24 @@ def uninterrupted(tmp_path_factory) -> Path:
     cmd = zero_kit("train", "--nproc", "2", "--master-port", "29610", "--output", str(out / "run"), *JOB)
     proc = run(cmd, extra_env={"ZERO_KIT_PROBE_LOGITS": str(probe)}, site=PROBE_SITE)
     assert f"step {STEPS}/{STEPS}" in proc.stdout
+    (out / "output.txt").write_text(proc.stdout + proc.stderr)
     return out
+
+
+def test_start_up_is_recorded_by_stage_with_threads_per_rank(uninterrupted):
+    """The relaunch's ranks get cores / local ranks threads from zero-kit (accelerate neither sets its own nor warns),
+    and rank 0 records the time to first step by stage, printed once."""
+    record = json.loads((uninterrupted / "run" / STARTUP_FILE).read_text())
+    assert list(record["stages_s"]) == list(STAGES)
+    assert all(seconds >= 0 for seconds in record["stages_s"].values())
+    assert record["stages_s"]["launch"] > 0  # the parent and its launcher ran before the rank's process started
+    assert record["time_to_first_step_s"] == pytest.approx(sum(record["stages_s"].values()), abs=0.01)
+    assert record["rss_mib_after"]["data"] > 0 and record["peak_rss_mib"] >= record["rss_mib_after"]["data"]
+    threads = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert record["threads"] == {"OMP_NUM_THREADS": str(threads), "torch": threads}
+    output = (uninterrupted / "output.txt").read_text()
+    assert output.count("zero-kit train: time to first step ") == 1
+    assert "OMP_NUM_THREADS" not in output  # neither accelerate's warning nor torchrun's
 
 
 def test_zero3_model_was_never_whole_on_a_rank(uninterrupted):

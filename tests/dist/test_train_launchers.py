@@ -4,6 +4,8 @@ adapter and merged exports). ZeRO-3 full fine-tuning via `--nproc 2` is in test_
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import torch
 
 from tests.support.jobs import FAST, PROBE_SITE, VENV_BIN, run, zero_kit
 from tests.support.runs import assert_trained
+from zero_kit.train.startup import STARTUP_FILE
 
 pytestmark = pytest.mark.dist
 STEPS = 3
@@ -33,9 +36,13 @@ def test_accelerate_launch_zero2(tmp_path):
     out = tmp_path / "run"
     launch = [str(VENV_BIN / "accelerate"), "launch", "--config_file", str(acc), "--main_process_port", "29621"]
     job = ["-m", "zero_kit.cli", "train", "--ds-config", str(cfg), "--max-steps", str(STEPS), "--output", str(out)]
-    proc = run([*launch, *job, "--no-export", "--max-length", "64"])  # batch and lr come from the file
+    # batch and lr come from the file; the user's OMP_NUM_THREADS (not what zero-kit's rule would give, and no more
+    # than the cores: torch caps its pool there) reaches the ranks through accelerate untouched
+    users = 2 if max(1, len(os.sched_getaffinity(0)) // 2) == 1 else 1
+    proc = run([*launch, *job, "--no-export", "--max-length", "64"], extra_env={"OMP_NUM_THREADS": str(users)})
     assert "2 rank(s), ZeRO stage 2" in proc.stdout
     assert_trained(out, STEPS, world_size=2, stage=2)
+    assert json.loads((out / STARTUP_FILE).read_text())["threads"] == {"OMP_NUM_THREADS": str(users), "torch": users}
 
 
 def test_deepspeed_zero3_lora_and_exports(tmp_path):
@@ -47,6 +54,12 @@ def test_deepspeed_zero3_lora_and_exports(tmp_path):
     proc = run(cmd, extra_env={"ZERO_KIT_PROBE_LOGITS": str(probe)}, site=PROBE_SITE)
     assert "LoRA r=4" in proc.stdout
     assert_trained(out, STEPS, world_size=2, stage=3)
+    threads = max(1, len(os.sched_getaffinity(0)) // 2)  # each rank: the cores shared by the launcher's 2 ranks
+    assert json.loads((out / STARTUP_FILE).read_text())["threads"] == {
+        "OMP_NUM_THREADS": str(threads),
+        "torch": threads,
+    }
+    assert "OMP_NUM_THREADS" not in proc.stdout + proc.stderr  # accelerate's rule and its warning stay out
     _check_adapter_and_merge(out / "final", out / f"checkpoint-{STEPS}", tmp_path / "merged", torch.load(probe))
 
 

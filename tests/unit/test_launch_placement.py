@@ -3,6 +3,7 @@ the one hostfile reader's errors."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def test_local_deepspeed_and_torchrun_start_one_launcher_here():
     ds = launch_commands("m", ["--a"], local(4), DS, port=29600)
     assert ds.argvs == [[str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "4", "--master_port", "29600",
                          "--module", "m", "--a"]]  # fmt: skip
-    assert ds.env == {} and ds.files == {}
+    assert ds.env == {"OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // 4))} and ds.files == {}
     tr = launch_commands("m", [], local(4, ranks_per_node=2), TORCHRUN, port=29601)
     assert tr.argvs[0][:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert tr.argvs[0][tr.argvs[0].index("--nproc_per_node") + 1] == "4"

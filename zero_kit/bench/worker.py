@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from zero_kit.bench.options import PROGRESS, BenchOptions
+from zero_kit.dist import set_rank_threads
 from zero_kit.metrics import CommCounter
 from zero_kit.watchdog import Heartbeat
 
@@ -189,6 +190,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", default=None, help="JSONL file rank 0 appends its record to")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
     args = parser.parse_args(argv)
+    set_rank_threads()  # before torch's import: cores / local ranks, unless the user set OMP_NUM_THREADS
     opts = BenchOptions(**json.loads(args.options_json))
     # The node of the link tiers and of the node-aware strategies: --gpus-per-node where given (on one host it
     # makes simulated nodes, see placement.py), else the launcher's ranks per node.

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from zero_kit.dist import THREADS_ENV, rank_threads
 from zero_kit.launch.argv import deepspeed_command, torchrun_command
 from zero_kit.launch.hostfile import (
     ENV_FILE,
@@ -133,7 +134,7 @@ def launch_commands(module: str, args: list[str], where: Placement, launcher: La
         files[Path(hostfile)] = hostfile_text(list(where.hosts), where.ranks_per_node)
     master = master_addr or (where.hosts[0] if where.hosts else None)
     if where.mode == "local":
-        return Launch(module, [_local(module, args, where, launcher, port)], [""])
+        return Launch(module, [_local(module, args, where, launcher, port)], [""], _local_threads(environ, where))
     if where.mode == "slurm":
         srun = srun_command(launcher.kind, module, args, nodes=where.nodes, ranks_per_node=where.ranks_per_node)
         env = {"MASTER_ADDR": master, "MASTER_PORT": str(port), "HOSTFILE": hostfile}
@@ -152,6 +153,15 @@ def launch_commands(module: str, args: list[str], where: Placement, launcher: La
     files.update(secret_files(rank_env(environ), secrets_dir))
     argvs = [_ssh_torchrun(module, args, where, node, port, environ, secrets_dir) for node in range(where.nodes)]
     return Launch(module, argvs, list(where.hosts), {}, files)
+
+
+def _local_threads(environ: dict[str, str], where: Placement) -> dict[str, str]:
+    """OMP_NUM_THREADS for ranks on this host (zero_kit.dist.rank_threads), unless the user set it: torchrun would
+    otherwise set 1 and warn. Ranks on other hosts count their own host's cores (zero_kit.dist.set_rank_threads)."""
+    if environ.get(THREADS_ENV, "").strip():
+        return {}
+    cores = len(os.sched_getaffinity(0))
+    return {THREADS_ENV: str(rank_threads({"LOCAL_WORLD_SIZE": str(where.local_ranks)}, cores))}
 
 
 def _deepspeed(module: str, args: list[str], launcher: Launcher, **kwargs) -> list[str]:

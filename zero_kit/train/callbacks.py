@@ -257,6 +257,23 @@ class PreemptionCallback(TrainerCallback):
                 signal.signal(signum, handler)
 
 
+class StartupCallback(TrainerCallback):
+    """Closes the start-up clock's last stages: the engine's when training begins (after deepspeed.initialize and
+    any checkpoint load), the first step's when it ends; rank 0 then reports (zero_kit.train.startup)."""
+
+    def __init__(self, clock, output_dir: Path, speak: bool):
+        self.clock, self.output_dir, self.speak = clock, output_dir, speak
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.clock.mark("engine")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if "first_step" not in self.clock.done():
+            self.clock.mark("first_step")
+            if self.speak:
+                self.clock.finish(self.output_dir)
+
+
 class ThroughputCallback(TrainerCallback):
     """Adds `tokens_per_s` (all ranks together, since the previous log) and, on a known GPU, `mfu` to each
     log entry. Needs `TrainingArguments(include_num_input_tokens_seen=True)` (tokens are counted by the Trainer).

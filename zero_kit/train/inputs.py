@@ -5,7 +5,7 @@ on disk; the ranks would find the same mistakes only after half a minute of star
 
 What is read: the first rows of --data (zero_kit.data.files.peek_source) checked against --format without a
 tokenizer, --model's config.json, one probe file created and deleted in --output's nearest existing directory,
-the hostfile, and the --ds-config and --resume paths (a Hub id's config.json from the Hugging Face cache).
+--nvme-path, the hostfile, and the --ds-config and --resume paths (a Hub id's config.json from the Hugging Face cache).
 Nothing is created."""
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ RESUME_WORDS = ("auto", "never")
 
 
 def check_inputs(opts: TrainOptions, *, output: bool = True) -> None:
-    """Every cheap input check of a run, all problems reported at once (each with its fix). output=False: --output
-    is left to this process's own preflight, which reports it together with the NVMe paths and the host's RAM
-    (every machine problem in one message); a parent that relaunches checks it here, the ranks' preflight being
-    half a minute away."""
+    """Every cheap input check of a run, all problems reported at once (each with its fix), before any heavy import
+    (issue 23: an unwritable --output cost half a minute of imports and accelerate's warnings before preflight
+    said so). output=False leaves --output to preflight alone, which checks it again with the disk space, the NVMe
+    paths and the host's RAM."""
     problems: list[UserError] = []
     checks = (
         _check_data,
@@ -34,6 +34,7 @@ def check_inputs(opts: TrainOptions, *, output: bool = True) -> None:
         _check_trackers,
         _check_model,
         _check_output,
+        _check_nvme_path,
         _check_hostfile,
         _check_ds_config,
         _check_resume,
@@ -156,6 +157,14 @@ def _check_model(opts: TrainOptions) -> None:
 
 def _check_output(opts: TrainOptions) -> None:
     check_writable_dir(opts.output, "--output")
+
+
+def _check_nvme_path(opts: TrainOptions) -> None:
+    """--nvme-path beside --output (a --ds-config file's nvme_path is preflight's, once the file is read)."""
+    from zero_kit.train.preflight import check_nvme
+
+    if opts.nvme_path and "nvme" in (opts.offload_optimizer, opts.offload_param):
+        raise_all(check_nvme((("--nvme-path", opts.nvme_path),)), "with --nvme-path")
 
 
 def _check_hostfile(opts: TrainOptions) -> None:

@@ -14,16 +14,16 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from zero_kit.dist import barrier, end_process_group, free_port, single_process_env, slurm_to_torch_env, under_launcher
+from zero_kit.dist import barrier, end_process_group, slurm_to_torch_env, under_launcher
 from zero_kit.errors import UserError
 from zero_kit.model import check_trusted, resolve_model
-from zero_kit.train import checkpoint, preflight, resume, rundata, runfile, stopping, universal
+from zero_kit.train import checkpoint, preflight, resume, rundata, runfile, startup, stopping, universal
 from zero_kit.train.evaluation import trainer_arguments
 from zero_kit.train.inputs import check_inputs
 from zero_kit.train.options import TrainOptions, check_options
 from zero_kit.train.relaunch import RELAUNCHED, relaunch
 from zero_kit.train.run import ResolvedRun, resolve_run
-from zero_kit.watchdog import HEARTBEAT_DIR, Heartbeat, nccl_watchdog_env
+from zero_kit.watchdog import HEARTBEAT_DIR, Heartbeat
 
 FINAL_DIR = "final"
 
@@ -31,8 +31,8 @@ FINAL_DIR = "final"
 def run_train(opts: TrainOptions) -> int:
     """Run `zero-kit train`; returns the process exit code (0; after SIGINT or SIGTERM see train.stopping)."""
     check_options(opts)
-    # data, model, hostfile (and --output before a relaunch): before the relaunch, an op build or any deletion
-    check_inputs(opts, output=_wants_relaunch(opts))
+    # data, model, output, hostfile: before the relaunch, a process group, an op build, any deletion or heavy import
+    check_inputs(opts)
     # a Hub id -> its snapshot directory in the Hugging Face cache (downloaded now, once, if the user allows the
     # network): after every cheap check; the ranks and the run record get the directory
     opts = replace(opts, model=resolve_model(opts.model))
@@ -44,14 +44,17 @@ def run_train(opts: TrainOptions) -> int:
         target = resume.check_before_start(opts, dict(os.environ))
         if target is not None and os.environ.get("RANK", "0") == "0":
             _warn_if_foreign(target)  # its pickles are loaded with weights_only=False by DeepSpeed and the Trainer
+    clock = startup.StartupClock()  # time to first step, by stage; a relaunch's ranks go on from its marks
     # tokenized once, before any launcher, process group or op build: a relaunch's ranks find it ready
     prepared = rundata.prepare(opts, speak)
+    clock.mark("prepare")
     if _wants_relaunch(opts):
+        os.environ.update(clock.for_ranks())
         return relaunch(opts, opts.nproc)
-    _rank_environment(opts)
+    startup.rank_environment(opts)  # before torch's first import
     finished = False
     try:
-        code = _run_rank(opts, prepared)
+        code = _run_rank(opts, prepared, clock)
         finished = True
         return code
     finally:
@@ -64,19 +67,8 @@ def _wants_relaunch(opts: TrainOptions) -> bool:
     return not under_launcher() and bool(wants_ranks) and not os.environ.get(RELAUNCHED)
 
 
-def _rank_environment(opts: TrainOptions) -> None:
-    """A world of one when no launcher started this process; offline hubs; the NCCL watchdog's variables."""
-    if not under_launcher():
-        os.environ.update(single_process_env(opts.master_port or free_port()))
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if opts.run_name:  # TensorBoard names its directory by date and host; the user's variable wins
-        os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(opts.output) / "runs" / opts.run_name))
-    os.environ.update({k: v for k, v in nccl_watchdog_env(opts.stall_timeout).items() if k not in os.environ})
-
-
-def _run_rank(opts: TrainOptions, prepared: rundata.Prepared) -> int:
+def _run_rank(opts: TrainOptions, prepared: rundata.Prepared, clock: startup.StartupClock) -> int:
+    clock.imports()  # torch, transformers and DeepSpeed: one stage, not spread over the others
     run = resolve_run(opts)  # every decision, before any I/O
     if run.machine.world_size > 1:  # a signal before training: leave at once, see stopping
         stopping.leave_at_once_on_signal(run.output, run.machine.rank == 0 and not os.environ.get(RELAUNCHED))
@@ -86,7 +78,7 @@ def _run_rank(opts: TrainOptions, prepared: rundata.Prepared) -> int:
     preflight.check_run(run)  # output dir, disk space, NVMe path, host RAM: before any work
     heartbeat = _start_heartbeat(run)
     try:
-        return _train(run, args, heartbeat, prepared)
+        return _train(run, args, heartbeat, prepared, clock)
     finally:
         if heartbeat is not None:
             heartbeat.stop()
@@ -99,21 +91,23 @@ def _start_heartbeat(run: ResolvedRun) -> Heartbeat | None:
     return Heartbeat(run.output / HEARTBEAT_DIR, machine.rank, machine.world_size, run.options.stall_timeout).start()
 
 
-def _train(run: ResolvedRun, args, heartbeat: Heartbeat | None, prepared: rundata.Prepared) -> int:
+def _train(run: ResolvedRun, args, heartbeat: Heartbeat | None, prepared: rundata.Prepared,
+           clock: startup.StartupClock) -> int:  # fmt: skip
     # Start-up beats at each milestone: each part (imports and rendezvous, a universal conversion, the model, the
     # data, DeepSpeed's engine and op loads) gets the long-phase allowance, not all of them together.
-    starting = (lambda: heartbeat.beat("startup", 0)) if heartbeat is not None else (lambda: None)
+    beat = (lambda: heartbeat.beat("startup", 0)) if heartbeat is not None else (lambda: None)
+    starting = startup.milestones(clock, beat)  # each also closes a stage of the start-up clock
     init_deepspeed_comm(run.machine.backend, run.options.collective_timeout)
-    starting()
+    beat()
     resume_from = resume.resume_target(run.options)  # chosen only: nothing is deleted before the inputs passed
     universal.prepare_resume(resume_from, args)  # written at another world size: convert, load_universal
-    starting()
+    starting("rendezvous")
     tokenizer, model, held = _build_model(run.options)
-    starting()
+    starting("model")
     data = rundata.load(prepared, tokenizer)  # memory-mapped
-    starting()
+    starting("data")
     run_info = _record_start(run, held, data, resume_from)
-    trainer, preemption = _trainer(run, args, model, tokenizer, data, run_info, heartbeat)
+    trainer, preemption = _trainer(run, args, model, tokenizer, data, run_info, heartbeat, clock)
     _clear_earlier(run)  # the model, the data and the Trainer are built: now earlier work may go
     with preflight.disk_errors_as_user_errors(run.output):  # a disk that fills up mid-run: a message, no traceback
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
@@ -305,7 +299,8 @@ def _print_start(run: ResolvedRun, held: dict, stats, resume_from: Path | None, 
     print(f"zero-kit train: {'resuming from ' + str(resume_from) if resume_from else 'starting fresh'}", flush=True)
 
 
-def _trainer(run: ResolvedRun, args, model, tokenizer, data: rundata.Data, run_info: dict, heartbeat: Heartbeat | None):
+def _trainer(run: ResolvedRun, args, model, tokenizer, data: rundata.Data, run_info: dict,
+             heartbeat: Heartbeat | None, clock: startup.StartupClock):  # fmt: skip
     """The HF Trainer with our callbacks, and the preemption callback (`stopped`: the run ended on SIGTERM)."""
     from transformers import PrinterCallback, Trainer
 
@@ -317,6 +312,7 @@ def _trainer(run: ResolvedRun, args, model, tokenizer, data: rundata.Data, run_i
         PreemptionCallback,
         ProgressCallback,
         SaveAtEndCallback,
+        StartupCallback,
         ThroughputCallback,
         before_trackers,
     )
@@ -329,6 +325,7 @@ def _trainer(run: ResolvedRun, args, model, tokenizer, data: rundata.Data, run_i
         perplexity,
         ProgressCallback(run.output, throughput),
         SaveAtEndCallback(),
+        StartupCallback(clock, run.output, run.machine.rank == 0),
         preemption,
         *([EvalScheduleCallback(opts.keep_best)] if data.eval_dataset is not None else []),  # sees the save decision
         CompleteCheckpointCallback(run.output, opts.save_total_limit, run_info, keep_best=opts.keep_best),
