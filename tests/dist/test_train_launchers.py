@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.support.jobs import FAST, PROBE_SITE, VENV_BIN, run, zero_kit
-from tests.support.runs import assert_trained
+from tests.support.runs import assert_export_is_deepspeeds, assert_trained
 from zero_kit.train.startup import STARTUP_FILE
 
 pytestmark = pytest.mark.dist
@@ -27,6 +27,8 @@ def test_torchrun_zero1(tmp_path):
     losses = assert_trained(out, STEPS, world_size=2, stage=1)
     assert losses[-1] < losses[0]
     assert (out / "checkpoint-3" / "zero_kit_complete.json").is_file()
+    run(zero_kit("export", str(out / "checkpoint-3"), "--out", str(tmp_path / "hf")))  # ZeRO-1's layout
+    assert_export_is_deepspeeds(tmp_path / "hf", out / "checkpoint-3")
 
 
 def test_accelerate_launch_zero2(tmp_path):

@@ -90,3 +90,15 @@ def assert_bitwise_equal(got_dir: Path, want_dir: Path, why: str, *, fp32: bool 
         if fp32:
             assert tensor.dtype == torch.float32, name
         assert torch.equal(got[name], tensor), f"{name} differs {why}"
+
+
+def assert_export_is_deepspeeds(exported_dir: Path, checkpoint_dir: Path) -> None:
+    """The export in `exported_dir` holds exactly the tensors DeepSpeed's own reader (zero_to_fp32) gets from
+    `checkpoint_dir`, bit for bit, none empty."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    exported = load_safetensors_dir(exported_dir)
+    reference = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir))
+    assert exported.keys() == reference.keys() and exported
+    for name, tensor in reference.items():
+        assert exported[name].numel() > 0 and torch.equal(exported[name], tensor), name

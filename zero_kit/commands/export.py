@@ -2,7 +2,7 @@
 a plain Hugging Face directory (safetensors + config + tokenizer) that `from_pretrained` loads without
 DeepSpeed; for a LoRA run a peft adapter directory, or merged weights with --merge.
 
-Prints the peak resident memory of the export (getrusage ru_maxrss): it streams one output shard at a time.
+Prints the peak resident memory of the export (getrusage ru_maxrss): it streams one tensor at a time.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         Path(args.checkpoint), Path(args.out), force=args.force, trust_remote_code=args.trust_remote_code
     )  # a mistake is said before any import
     # Libraries first, so "before" below is the baseline and the difference is what the export itself holds.
-    import deepspeed.utils.zero_to_fp32  # noqa: F401
+    import torch  # noqa: F401
     import transformers  # noqa: F401
 
     with AnonPeak() as anon:

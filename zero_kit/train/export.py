@@ -1,14 +1,13 @@
 """ZeRO checkpoint -> plain Hugging Face directory (safetensors + config + tokenizer), or a peft LoRA adapter.
 
-Streams: DeepSpeed's `get_fp32_state_dict_from_zero_checkpoint(lazy_mode=True)` maps the optimizer shards
-(torch.load mmap, made weights_only here: a checkpoint is data, never code) and hands back lazy tensors; we
-materialize one output shard at a time, write it, and drop it, so host memory stays near the largest shard rather than the whole model. Every tensor's shape is
-checked against the model config (a ZeRO-3 export must never write an empty or mis-shaped tensor).
+Streams: export_read finds where each trained parameter lies in the ranks' optimizer shards without reading them
+(weights_only: a checkpoint is data, never code), and export_write writes each output shard a tensor at a time,
+fp32 parameters copied file to file; host memory stays near the largest tensor, whatever the model or shard size.
+Every tensor's shape is checked against the model config before the first byte is written.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import resource
 from collections.abc import Iterator
@@ -16,6 +15,8 @@ from pathlib import Path
 
 from zero_kit.errors import UserError
 from zero_kit.train.export_checks import check_export
+from zero_kit.train.export_read import read_zero_checkpoint
+from zero_kit.train.export_write import write_shard
 
 PEFT_PREFIX = "base_model.model."
 DTYPES = ("fp32", "bf16", "fp16")
@@ -80,7 +81,7 @@ def export_checkpoint(
     options = info["options"]
     from zero_kit import model as zk_model
 
-    lazy = _lazy_state_dict(checkpoint_dir)
+    lazy = read_zero_checkpoint(checkpoint_dir)
     config = zk_model.build_config(options.get("model"), trust_remote_code=trust_remote_code)
     if options.get("lora_r") is None:
         _write_model(_full_tensors(lazy), config, out_dir, dtype, max_shard_mib)
@@ -93,84 +94,8 @@ def export_checkpoint(
     return out_dir
 
 
-def _lazy_state_dict(checkpoint_dir: Path) -> dict:
-    import io
-
-    import deepspeed.utils.zero_to_fp32 as zero_to_fp32
-
-    # zero_to_fp32 prints progress to stdout; keep the command's own output readable.
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), _weights_only_loads(zero_to_fp32):
-            return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), lazy_mode=True)
-    except (ValueError, FileNotFoundError) as err:  # no `latest`, missing rank shards, not a ZeRO checkpoint
-        raise UserError(
-            f"{checkpoint_dir}: cannot read the ZeRO shards ({err})", "export a checkpoint-N of ZeRO stage 1-3"
-        ) from err
-    except _unpickling_error() as err:
-        import re
-
-        found = re.search(r"GLOBAL ([\w.]+)", str(err))
-        what = f"({found.group(1)})" if found else f"({str(err).splitlines()[0]})"
-        raise UserError(
-            f"{checkpoint_dir}: a ZeRO shard holds an object that is not plain data {what}; export reads shards "
-            "with torch.load(weights_only=True) and never runs code a checkpoint carries",
-            "export a checkpoint written by zero-kit train with this DeepSpeed version",
-        ) from None
-
-
-# The classes DeepSpeed itself pickles into ZeRO checkpoints (loss scaler, fragment addresses, the stage enum):
-# plain records, allowed by name; any other global in a shard is refused instead of being imported and called.
-SAFE_DEEPSPEED_GLOBALS = (
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-    "deepspeed.utils.tensor_fragment.fragment_address",
-    "deepspeed.runtime.zero.config.ZeroStageEnum",
-)
-
-
-def _unpickling_error() -> type[Exception]:
-    import pickle
-
-    return pickle.UnpicklingError
-
-
-@contextlib.contextmanager
-def _weights_only_loads(module) -> Iterator[None]:
-    """Inside: `module`'s torch.load (zero_to_fp32 asks for weights_only=False) reads with weights_only=True and
-    DeepSpeed's own record classes allowed, so a planted pickle in a checkpoint cannot run code."""
-    import importlib
-
-    import torch
-
-    allowed = []
-    for dotted in SAFE_DEEPSPEED_GLOBALS:
-        owner, _, name = dotted.rpartition(".")
-        with contextlib.suppress(ImportError, AttributeError):  # a DeepSpeed without one of them never wrote it
-            allowed.append(getattr(importlib.import_module(owner), name))
-
-    class _Torch:
-        def __getattr__(self, attr):
-            return getattr(torch, attr)
-
-        @staticmethod
-        def load(*args, **kwargs):
-            with torch.serialization.safe_globals(allowed):
-                return torch.load(*args, **{**kwargs, "weights_only": True})
-
-    original = module.torch
-    module.torch = _Torch()
-    try:
-        yield
-    finally:
-        module.torch = original
-
-
 def _materialize(lazy_tensor):
-    import torch
-
-    tensor = lazy_tensor.contiguous()
-    # zero-1/2 hand back views into the mmapped flat partition: clone so the shard owns its memory.
-    return tensor.clone() if isinstance(lazy_tensor, torch.Tensor) and tensor is lazy_tensor else tensor
+    return lazy_tensor.contiguous()
 
 
 def _full_tensors(lazy: dict) -> Iterator[tuple[str, object]]:
@@ -213,7 +138,9 @@ class _SafeLazy:
     """One tensor of a safetensors file, read only when its output shard is written."""
 
     def __init__(self, path: Path, name: str, shape):
-        self.path, self.name, self.shape = path, name, tuple(shape)
+        import torch
+
+        self.path, self.name, self.shape, self.dtype = path, name, tuple(shape), torch.float32
 
     def contiguous(self):
         from safetensors import safe_open
@@ -233,7 +160,7 @@ class _LazyMerge:
     """W + scale * B @ A, computed only when its shard is written (keeps --merge streaming)."""
 
     def __init__(self, base, lora_a, lora_b, scale: float):
-        self.shape, self._parts, self._scale = base.shape, (base, lora_a, lora_b), scale
+        self.shape, self._parts, self._scale, self.dtype = base.shape, (base, lora_a, lora_b), scale, base.dtype
 
     def contiguous(self):
         base, lora_a, lora_b = (_materialize(part) for part in self._parts)
@@ -267,17 +194,19 @@ def _generation_config(config):
 
 def _plan_shards(named: list, expected: dict | None, dtype: str, max_bytes: int) -> list[list]:
     """Group (name, lazy tensor) pairs into shards of at most `max_bytes` (sizes from shapes, nothing loaded)."""
-    if expected is not None:
-        _check_names(named, expected)
-    itemsize = 4 if dtype == "fp32" else 2
+    _check_layout(named, expected)
+    import torch
+
+    wanted = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     shards: list[list] = [[]]
     size = 0
     for name, lazy in named:
-        nbytes = _numel(lazy.shape) * itemsize
+        out_dtype = wanted if lazy.dtype.is_floating_point else lazy.dtype
+        nbytes = _numel(lazy.shape) * out_dtype.itemsize
         if shards[-1] and size + nbytes > max_bytes:
             shards.append([])
             size = 0
-        shards[-1].append((name, lazy, dtype))
+        shards[-1].append((name, lazy, out_dtype))
         size += nbytes
     return shards
 
@@ -289,7 +218,16 @@ def _numel(shape) -> int:
     return total
 
 
-def _check_names(named: list, expected: dict) -> None:
+def _check_layout(named: list, expected: dict | None) -> None:
+    """Every tensor has the shape the model config gives it, before the first byte is written (a ZeRO-3 export must
+    never write an empty or mis-shaped tensor)."""
+    for name, lazy in named:
+        shape = tuple(int(dim) for dim in lazy.shape)
+        want = expected.get(name, shape) if expected is not None else shape
+        if _numel(shape) == 0 or shape != want:
+            raise UserError(f"export: tensor {name} has shape {shape}, expected {want}", "the checkpoint is damaged")
+    if expected is None:
+        return
     got = {name for name, _ in named}
     missing = sorted(set(expected) - got)
     # Rotary inv_freq and similar non-persistent buffers are not in the skeleton's state_dict.
@@ -302,32 +240,24 @@ def _check_names(named: list, expected: dict) -> None:
 
 
 def _write_shards(plan: list[list], out_dir: Path, stem: str, expected: dict | None) -> None:
-    from safetensors.torch import save_file
-
     count = len(plan)
     weight_map = {}
     for index, shard in enumerate(plan, start=1):
         filename = f"{stem}.safetensors" if count == 1 else f"{stem}-{index:05d}-of-{count:05d}.safetensors"
-        tensors = {name: _convert(name, lazy, dtype, expected) for name, lazy, dtype in shard}
-        save_file(tensors, str(out_dir / filename), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(tensors, filename))
-        del tensors  # the shard is on disk: free it before materializing the next one
+        write_shard(out_dir / filename, shard, lambda name, lazy, dtype: _convert(name, lazy, dtype, expected))
+        weight_map.update(dict.fromkeys((name for name, _, _ in shard), filename))
     if count > 1:
         index_file = {"metadata": {}, "weight_map": weight_map}
         (out_dir / f"{stem}.safetensors.index.json").write_text(json.dumps(index_file, indent=2) + "\n")
 
 
-def _convert(name: str, lazy, dtype: str, expected: dict | None):
-    import torch
-
+def _convert(name: str, lazy, dtype, expected: dict | None):
     tensor = _materialize(lazy)
     shape = tuple(tensor.shape)
     want = expected.get(name, shape) if expected is not None else shape
     if tensor.numel() == 0 or shape != want:
         raise UserError(f"export: tensor {name} has shape {shape}, expected {want}", "the checkpoint is damaged")
-    if tensor.is_floating_point():
-        tensor = tensor.to({"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype])
-    return tensor.contiguous()
+    return tensor.to(dtype).contiguous()
 
 
 def _write_adapter(lazy: dict, options: dict, config, out_dir: Path, dtype: str, max_shard_mib: int) -> None:
