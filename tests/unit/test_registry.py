@@ -47,6 +47,8 @@ def test_every_entry_names_a_byte_table_row_and_every_row_is_used():
         if info.backend == "deepspeed":
             bf16 = "_bf16" if info.low_precision_states else ""
             assert info.accounting == f"zero{info.stage}{bf16}" and info.launcher == "deepspeed"
+        elif info.backend == "pipeline":  # each stage is a plain replica of its layers
+            assert info.accounting == "ddp" and info.launcher == "torchrun" and info.pipeline_stages > 1
         else:
             assert info.backend == info.accounting and info.launcher == "torchrun" and not info.zero_overrides
 
@@ -56,7 +58,14 @@ def test_bench_names_resolve_and_the_report_predicts_through_the_registry(name):
     info = check_name(name)
     assert info is STRATEGIES[name]
     record = {"strategy": name, "world_size": 2, "precision": "bf16", "model": {"n_params": 10_000}}
-    states = model_state_bytes(info.accounting, 10_000, 2, "bf16", offload_optimizer=info.offload_optimizer)
+    if info.model_parallel > 1:  # the row over the parameters each rank holds, sharded over the data-parallel ranks
+        record["world_size"] = 2 * info.model_parallel
+        record["model"]["params_held_by_rank"] = [6_000] * record["world_size"]
+        states = model_state_bytes(info.accounting, 6_000, 2, "bf16")
+        assert predicted_state(record)["all_ranks_total"] == [states.total] * record["world_size"]
+        assert predicted_state({**record, "model": {"n_params": 10_000}})["error"].startswith("the record lacks")
+    else:
+        states = model_state_bytes(info.accounting, 10_000, 2, "bf16", offload_optimizer=info.offload_optimizer)
     assert predicted_state(record)["total"] == states.all_bytes
 
 

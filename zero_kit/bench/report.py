@@ -52,6 +52,8 @@ def predicted_state(record: dict[str, Any]) -> dict[str, Any] | None:
     name, offload = info.accounting, info.offload_optimizer
     world, precision = record["world_size"], record["precision"]
     per_node = record.get("ranks_per_node") or world
+    if info.model_parallel > 1:
+        return _predicted_model_parallel(info, record)
     try:
         s = strategy_state_bytes(info, record["model"]["n_params"], world, per_node, precision)
     except ValueError as err:
@@ -70,6 +72,25 @@ def predicted_state(record: dict[str, Any]) -> dict[str, Any] | None:
             "paper_total": base, "all_ranks_total": [base + e for e in edges]}  # fmt: skip
 
 
+def _predicted_model_parallel(info, record: dict[str, Any]) -> dict[str, Any]:
+    """Tensor or pipeline parallelism: the byte-table row applied to the parameters each rank really holds (its
+    tensor-parallel slices and replicated layers, or its stage), sharded over the data-parallel ranks only. ZeRO-1/2's
+    edge gradients are not added (they need the rank's own parameter sizes; exact at one data-parallel rank)."""
+    from zero_kit.plan.accounting import strategy_state_bytes
+
+    held = record["model"].get("params_held_by_rank")
+    if not held:
+        return {"error": "the record lacks params_held_by_rank (written before tensor/pipeline parallelism)"}
+    world, precision = record["world_size"], record["precision"]
+    per_node = record.get("ranks_per_node") or world
+    states = [strategy_state_bytes(info, n, world, per_node, precision) for n in held]
+    s = states[0]
+    formula = s.formula.replace("Ψ", "Ψ_rank").replace("/N", "/N_dp") + " (Ψ_rank: parameters the rank holds)"
+    return {"params": s.params, "grads": s.grads, "optimizer": s.optimizer, "total": s.total, "formula": formula,
+            "part_formulas": list(s.part_formulas), "paper_total": s.total,
+            "all_ranks_total": [state.total for state in states]}  # fmt: skip
+
+
 def predicted_comm(record: dict[str, Any]) -> dict[str, Any] | None:
     """The planner's ring bytes per step for this run, all ranks, by link tier (zero_kit.plan.traffic, the formulas
     `zero-kit plan` ranks and times with), and the measured bytes' error against them. None when the record lacks
@@ -80,6 +101,8 @@ def predicted_comm(record: dict[str, Any]) -> dict[str, Any] | None:
     info = STRATEGIES.get(record["strategy"])
     if info is None or "intermediate" not in record["model"] or record["batch"]["grad_accum"] != 1:
         return None  # the traffic model counts one micro batch per step
+    if info.model_parallel > 1:
+        return None  # zero_kit.plan.traffic has no tensor- or pipeline-parallel collectives yet
     work = from_record(record)
     per_node = record.get("ranks_per_node") or record["world_size"]
     tiers = step_tier_bytes(info, work, record["world_size"] // per_node, per_node)
