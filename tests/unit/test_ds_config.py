@@ -162,10 +162,25 @@ def test_cli_reads_hidden_size_from_model_dir(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["zero_optimization"]["reduce_bucket_size"] == 65536
 
 
+def test_cli_tp_reads_the_heads_from_model_dir_and_validate_agrees(tmp_path, capsys):
+    model = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2}
+    (tmp_path / "config.json").write_text(json.dumps(model))
+    out = tmp_path / "ds.json"
+    argv = ["config", "--stage", "1", "--tp", "4", "--world-size", "8", "--model", str(tmp_path), "-o", str(out)]
+    assert main(argv) == 0
+    assert json.loads(out.read_text())["tensor_parallel"] == {"autotp_size": 4}
+    said = capsys.readouterr().err
+    assert "warning: --tp(4) exceeds the model's key-value heads(2)" in said and "fix: set --tp 2" in said
+    assert main(["validate", str(out), "--world-size", "8", "--model", str(tmp_path)]) == 0
+    assert "autotp_size(4) exceeds the model's key-value heads(2)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--stage", "2", "--model", "/nonexistent"], "no config.json"),
+        (["--stage", "2", "--tp", "3", "--world-size", "4"], "--tp(3) does not divide the world size(4"),
+        (["--stage", "2", "--tp", "0"], "--tp must be a positive integer"),
         (["--stage", "1", "--offload-param", "cpu"], "--offload-param cpu: parameter offload needs ZeRO stage 3"),
         (["--stage", "1", "--micro-batch", "2", "--world-size", "4", "--global-batch", "30"], "not divisible"),
         (["--accelerate-yaml", "x.yaml"], "needs -o FILE"),

@@ -33,7 +33,8 @@ def test_json_shape(capsys):
     assert code == 0
     doc = json.loads(out)
     assert doc["model"]["n_params"] == 8_030_261_248
-    assert len(doc["options"]) == 13
+    assert len(doc["options"]) == 14  # 13 data-parallel options and zero1+tp8 (tensor parallel over the node)
+    assert doc["options"][-1]["label"] == "zero1+tp8" and doc["options"][-1]["layout"]["tp"] == 8
     for option in doc["options"]:
         assert {"strategy", "offload", "fits", "gpu_bytes", "host_bytes"} <= option.keys()
         parts = option["gpu_bytes"]

@@ -94,11 +94,18 @@ def test_secondary_partition_and_bf16_states_memory():
 
 def test_slow_link_recommends_the_fewest_inter_node_bytes():
     hardware = Hardware(80 * 10**9, gpus_per_node=8, nodes=2, inter_node_gbps=10)
-    slow = make_plan(WORK, hardware)
+    slow = make_plan(WORK, hardware, layouts=[])  # data parallelism alone
     assert slow.recommended.label == "zero3+hpz"
     assert any("28.0 GiB per node per step between nodes, against" in reason for reason in slow.reasons)
     fast = make_plan(WORK, Hardware(80 * 10**9, gpus_per_node=8, nodes=2))
     assert fast.recommended.label == "zero2"  # the fast fabric keeps the old ranking: unsharded, fewest bytes per rank
+    # with the default layouts, a pipeline stage per node sends only activations over the slow link, and says its
+    # bubble: m = tp x pp = 2 micro batches per step, fewer than 4 x 2 stages, idle 1/3 of the step
+    piped = make_plan(WORK, hardware)
+    assert piped.recommended.label == "zero1+pp2"
+    assert any(
+        "bubble idles (p-1)/(m+p-1) = 33%" in reason and "fewer than the 8" in reason for reason in piped.reasons
+    )
 
 
 def test_bf16_states_only_when_they_save_offload():

@@ -38,6 +38,7 @@ NUMBERS: dict[str, tuple[object, ...]] = {
     "gradient_clipping": (1.0, 0.0),
     "lr": (2e-5, 0.1),
     "weight_decay": (0.0, 0.01),
+    "tp": (1, 2, 3, 4),
 }
 # World shapes the flags can give (none of them contradict each other: that is a flag check).
 WORLDS = (
@@ -187,6 +188,7 @@ def test_the_walk_reaches_every_rule_with_a_flag_form():
         "bf16.bf16_master_weights_and_grads",
         "bf16.bf16_optimizer_states",
         "torch_autocast.enabled",
+        "tensor_parallel.autotp_size",
     }
     # train_batch_size: no longer reached. The generator writes it only for plain DeepSpeed at a known world size,
     # where it is micro x accum x world by construction (--hf-auto leaves it out: issue 22).
@@ -217,3 +219,21 @@ def _config_parser(parser):
 
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return sub.choices["config"]
+
+
+def test_tp_writes_the_section_deepspeed_parses_and_its_rules_speak_in_flags():
+    """--tp N writes tensor_parallel.autotp_size, which DeepSpeed's own TPTrainingConfig reads back; with the
+    model's heads (config --model) the head rules speak too, as validate --model says them."""
+    from deepspeed.runtime.tensor_parallel.config import get_tensor_parallel_config
+
+    config = generate(ZeroSpec(stage=2, world_size=8, tp=2)).config
+    assert config["tensor_parallel"] == {"autotp_size": 2}
+    assert get_tensor_parallel_config(config).autotp_size == 2
+    assert "tensor_parallel" not in generate(ZeroSpec(stage=2, world_size=8)).config
+    with pytest.raises(UserError, match=r"--tp\(3\) does not divide the world size\(8"):
+        generate(ZeroSpec(stage=2, world_size=8, tp=3))
+    (warning,) = [w for w in generate(ZeroSpec(stage=1, world_size=24, tp=3), heads=(32, 8)).warnings if "heads" in w]
+    assert "does not divide the model's key-value heads(8)" in warning and "--tp 2" in warning
+    json_problems = lint(map_options(ZeroSpec(stage=1, world_size=24, tp=3), RunAdjustments()),
+                         LintContext(world_size=24, attention_heads=32, kv_heads=8))  # fmt: skip
+    assert sum("key-value heads(8)" in p.message for p in json_problems) == 1

@@ -19,7 +19,9 @@ HIDDEN_SIZE_KEYS = ("hidden_size", "n_embd", "d_model")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, ZeroSpec)
     parser.add_argument(
-        "--model", metavar="DIR", help="local Hugging Face model directory: hidden size from its config.json"
+        "--model",
+        metavar="DIR",
+        help="local Hugging Face model directory: hidden size (and, with --tp, the attention heads) from its config.json",
     )
     parser.add_argument(
         "--accelerate-yaml",
@@ -33,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def hidden_size_from_model_dir(model_dir: str) -> int:
-    """The hidden size in `model_dir/config.json`, with errors that name the file."""
+def _model_config(model_dir: str) -> tuple[Path, dict]:
+    """`model_dir/config.json` (its text_config for a multimodal model), with errors that name the file."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise UserError(
@@ -45,11 +47,29 @@ def hidden_size_from_model_dir(model_dir: str) -> int:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UserError(f"{path}: cannot read it as JSON ({err})", "fix or replace the model's config.json") from None
     config = config.get("text_config", config) if isinstance(config, dict) else config
+    return path, config if isinstance(config, dict) else {}
+
+
+def hidden_size_from_model_dir(model_dir: str) -> int:
+    """The hidden size in `model_dir/config.json`, with errors that name the file."""
+    path, config = _model_config(model_dir)
     for key in HIDDEN_SIZE_KEYS:
         value = config.get(key) if isinstance(config, dict) else None
         if isinstance(value, int) and value > 0:
             return value
     raise UserError(f"{path}: no positive integer {' / '.join(HIDDEN_SIZE_KEYS)}", "pass --hidden-size H instead")
+
+
+def heads_from_model_dir(model_dir: str | None) -> tuple[int, int] | None:
+    """(attention heads, key-value heads) from `model_dir/config.json` for the AutoTP head rules; None when the
+    directory or the keys are missing (the rules that need them are then skipped, as in `zero-kit validate`)."""
+    if not model_dir:
+        return None
+    _, config = _model_config(model_dir)
+    heads = config.get("num_attention_heads")
+    kv = config.get("num_key_value_heads") or heads
+    valid = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (heads, kv))
+    return (heads, kv) if valid else None
 
 
 def spec_from_args(args: argparse.Namespace) -> ZeroSpec:
@@ -96,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
     if args.accelerate_yaml:
         check_writable_file(args.accelerate_yaml, "--accelerate-yaml")
     # accelerate (and the Trainer under it) builds a ZeRO-3 model before DeepSpeed counts the ranks: no global batch.
-    generated = generate(spec, RunAdjustments(global_batch_key=not args.accelerate_yaml))
+    heads = heads_from_model_dir(args.model) if spec.tp > 1 else None
+    generated = generate(spec, RunAdjustments(global_batch_key=not args.accelerate_yaml), heads)
     for warning in generated.warnings:  # the linter's warnings, as `zero-kit validate` gives them for the JSON
         print(f"zero-kit config: warning: {warning}", file=sys.stderr)
     text = dumps(generated.config)

@@ -82,6 +82,15 @@ class PlanOptions:
     """Recompute each decoder layer in backward instead of keeping its activations."""
     margin: float = 0.10
     """Fraction of GPU memory kept free for spikes and fragmentation."""
+    tp: int | None = None
+    """Plan this tensor-parallel size (DeepSpeed AutoTP / FSDP2 + DTensor) instead of the default layouts (tp = the
+    GPUs of one node, a pipeline stage per node); 1 with --pp for a pipeline alone."""
+    pp: int | None = None
+    """Plan this many pipeline stages (torch.distributed.pipelining, 1F1B) instead of the default layouts."""
+    pp_micro_batches: int | None = None
+    """Micro batches per step of each model-parallel replica (default tp x pp: the flat options' global batch)."""
+    model_parallel: bool = True
+    """Plan tensor/pipeline layouts beside data parallelism (--no-model-parallel: data parallelism alone)."""
     json: bool = False
     """Print a JSON object (bytes) instead of the table."""
 
@@ -322,7 +331,10 @@ def build_inputs(opts: PlanOptions):
         from zero_kit.plan.calibration import apply
 
         rates = apply(calibration, rates, work)
-    return label, work, hardware, rates
+    from zero_kit.plan.parallel_options import layouts_from_flags
+
+    flags = (opts.tp, opts.pp, opts.pp_micro_batches, opts.model_parallel)
+    return label, work, hardware, rates, layouts_from_flags(*flags, work, hardware)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -333,8 +345,8 @@ def run(args: argparse.Namespace) -> int:
         from zero_kit.commands.config import check_output
 
         check_output(args.output, "-o", args.force)
-    label, work, hardware, rates = build_inputs(opts)
-    plan = make_plan(work, hardware, rates, opts.rank_by)
+    label, work, hardware, rates, layouts = build_inputs(opts)
+    plan = make_plan(work, hardware, rates, opts.rank_by, layouts)
     print(render_json(plan, label) if opts.json else render_text(plan, label))
     if plan.recommended is None:
         if not opts.json:
@@ -355,9 +367,16 @@ def write_config(plan, opts: PlanOptions, path: str) -> None:
     best = plan.recommended
     info = best.info
     stage = info.stage
+    layout = best.layout
     if info.backend != "deepspeed":
         print(
             f"zero-kit plan: {best.label} is not DeepSpeed; wrote the nearest ZeRO equivalent, stage {stage}",
+            file=sys.stderr,
+        )
+    if layout is not None and layout.pp > 1:
+        print(
+            f"zero-kit plan: the {layout.pp} pipeline stages are your script's (torch.distributed.pipelining, "
+            f"{layout.micro_batches} micro batches); the JSON holds the data-parallel part",
             file=sys.stderr,
         )
     spec = ZeroSpec(
@@ -366,9 +385,10 @@ def write_config(plan, opts: PlanOptions, path: str) -> None:
         offload_param="cpu" if info.offload_param else "none",
         precision=opts.precision,
         micro_batch=opts.micro_batch,
-        grad_accum=1,
+        grad_accum=layout.micro_batches if layout is not None and layout.pp == 1 else 1,
         world_size=plan.hardware.world_size,
         hidden_size=plan.work.shape.hidden_size,
+        tp=layout.tp if layout is not None else 1,
     )
     write_text(path, dumps(build_ds_config(spec)), "-o")
     print(f"zero-kit plan: wrote {path} (ZeRO stage {stage}, {best.offload} offload)", file=sys.stderr)

@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from zero_kit.commands.config import heads_from_model_dir
 from zero_kit.errors import UserError
 from zero_kit.options import add_dataclass_arguments
 
@@ -33,6 +34,9 @@ class ValidateOptions:
     --, adds the traps of a CPU run. Default: not judged; with script arguments, this machine (cpu without CUDA)."""
     gpus_per_node: int | None = None
     """Ranks per node, for ZeRO++ hpZ (its partition size should divide it). Default: not judged."""
+    model: str | None = None
+    """Local Hugging Face model directory: its attention and key-value heads (config.json) for the AutoTP rules
+    (tensor_parallel.autotp_size). Default: not judged."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -136,7 +140,10 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise UserError(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}", "pass the GPUs of one node")
     trainer_args, device = script_arguments(args)
+    heads = heads_from_model_dir(args.model)
     context = LintContext(
+        attention_heads=heads[0] if heads else None,
+        kv_heads=heads[1] if heads else None,
         world_size=world_size,
         world_size_source=source,
         target=args.target,

@@ -246,8 +246,9 @@ class Generated:
     warnings: tuple[str, ...] = ()
 
 
-def generate(spec: ZeroSpec, run: RunAdjustments | None = None) -> Generated:
-    """The DeepSpeed config for `spec` (adjusted for `run`), linted by the rule book `zero-kit validate` uses.
+def generate(spec: ZeroSpec, run: RunAdjustments | None = None, heads: tuple[int, int] | None = None) -> Generated:
+    """The DeepSpeed config for `spec` (adjusted for `run`), linted by the rule book `zero-kit validate` uses
+    (`heads`: the model's attention and key-value heads, for the AutoTP head rules).
     Raises UserError / BatchSizeError listing every problem at once: the flag checks (`checks`), then whatever the
     linter calls an error in the written keys, named by flag (`rulebook`). The linter's warnings come back."""
     raise_all(number_problems(spec), "in the config options")  # the rest does arithmetic with these numbers
@@ -257,7 +258,7 @@ def generate(spec: ZeroSpec, run: RunAdjustments | None = None) -> Generated:
     except UserError as err:
         raise_all([*problems, err], "in the config options")
         raise
-    errors, warnings = lint_generated(config, spec, _known_world_size(spec))
+    errors, warnings = lint_generated(config, spec, _known_world_size(spec), heads)
     raise_all(problems + errors, "in the config options")
     return Generated(config, tuple(warnings))
 
@@ -279,6 +280,8 @@ def map_options(spec: ZeroSpec, run: RunAdjustments) -> dict[str, Any]:
     if not run.client_optimizer:
         config["optimizer"] = with_torch_adam(_optimizer_section(spec)) if run.torch_adam else _optimizer_section(spec)
     config["zero_optimization"] = {**_zero_section(spec), **run.zero_overrides}
+    if spec.tp > 1:  # AutoTP training: DeepSpeed shards the model's linears over tp ranks (lint/rules_tp.py)
+        config["tensor_parallel"] = {"autotp_size": spec.tp}
     config["steps_per_print"] = run.steps_per_print
     config["wall_clock_breakdown"] = False
     return config

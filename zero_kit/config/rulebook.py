@@ -41,6 +41,7 @@ KEY_FIELDS: dict[str, str] = {
     "gradient_clipping": "gradient_clipping",
     "optimizer.params.lr": "lr",
     "optimizer.params.weight_decay": "weight_decay",
+    "tensor_parallel.autotp_size": "tp",
 }
 """Key path -> the ZeroSpec field whose flag (--field-name) writes it."""
 
@@ -114,8 +115,8 @@ def _user_error(problem: Problem, spec: ZeroSpec) -> UserError:
     return UserError(message, in_flag_words(problem.fix))
 
 
-def lint_context(spec: ZeroSpec, world_size: int | None) -> LintContext:
-    """What `zero-kit validate` would be told about this config, read off the flags."""
+def lint_context(spec: ZeroSpec, world_size: int | None, heads: tuple[int, int] | None = None) -> LintContext:
+    """What `zero-kit validate` would be told about this config, read off the flags (and the model's heads)."""
     source = "--world-size" if spec.world_size is not None else "--nodes x --gpus-per-node"
     return LintContext(
         world_size=world_size,
@@ -123,12 +124,16 @@ def lint_context(spec: ZeroSpec, world_size: int | None) -> LintContext:
         target="hf-trainer" if spec.hf_auto else "deepspeed",
         device=spec.device,
         ranks_per_node=spec.gpus_per_node,
+        attention_heads=heads[0] if heads else None,
+        kv_heads=heads[1] if heads else None,
     )
 
 
-def lint_generated(config: dict, spec: ZeroSpec, world_size: int | None) -> tuple[list[UserError], list[str]]:
+def lint_generated(
+    config: dict, spec: ZeroSpec, world_size: int | None, heads: tuple[int, int] | None = None
+) -> tuple[list[UserError], list[str]]:
     """The rule book's errors and warnings about `config` (written from `spec`), in the generator's words."""
-    problems = check_rules(config, lint_context(spec, world_size))
+    problems = check_rules(config, lint_context(spec, world_size, heads))
     errors = [_user_error(p, spec) for p in problems if p.severity == "error"]
     warnings = [str(_user_error(p, spec)) for p in problems if p.severity == "warning"]
     return errors, warnings

@@ -72,6 +72,10 @@ class ZeroSpec(ZeroOptions):
     stage >= 1). Needs --bf16-optimizer-states, or --offload-optimizer (DeepSpeedCPUAdam)."""
     bf16_optimizer_states: bool = False
     """Keep Adam's moments in bf16 (bf16.bf16_optimizer_states; needs --bf16-master-weights)."""
+    tp: int = 1
+    """Tensor-parallel ranks per model copy: DeepSpeed AutoTP training (tensor_parallel.autotp_size), with --stage
+    0-2 (3 only where the installed DeepSpeed supports it). The ranks of a TP group share each sample, so a step
+    trains on global batch / tp distinct samples; keep it inside a node (its all-reduces run every layer)."""
     torch_autocast: bool = False
     """Run forward/backward under torch.autocast in bf16 (the torch_autocast section; --precision bf16 or fp32):
     precision-sensitive ops stay fp32."""

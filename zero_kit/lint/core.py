@@ -46,6 +46,10 @@ Rules (E: error, W: warning):
   HF Trainer compares with its TrainingArguments and stops on (batch keys, clipping, optimizer params, fp16/bf16,
   scheduler lr and steps), W such a value that depends on what is unknown here (world size, dataset length); on a
   CPU run E no use_cpu, E ZeRO-3 with train_batch_size, E/W TrainingArguments' own refusal; E ACCELERATE_USE_CPU set.
+- AutoTP (tensor_parallel.autotp_size > 1, rules_tp): E stage 3 where the installed DeepSpeed refuses it (0.18.3);
+  E autotp_size not dividing the world size; E tp.tp_size disagreeing; W more than or not dividing the model's kv
+  heads (with a model); W the batch counts tp ranks (train_batch_size / tp distinct samples); W a DeepSpeed that
+  does not shard from the config (needs deepspeed.tp_model_init).
 - E NaN/Infinity anywhere; E duplicate keys (reader); W not strict JSON but hjson reads it (reader, --for deepspeed
   only; the other consumers cannot read it); E DeepSpeed's own DeepSpeedConfig parse fails at the world size.
 """
@@ -54,7 +58,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zero_kit.lint import ds_parse, rules_batch, rules_trainer, rules_zero, rules_zeropp
+from zero_kit.lint import ds_parse, rules_batch, rules_tp, rules_trainer, rules_zero, rules_zeropp
 from zero_kit.lint import rules as lint_rules
 from zero_kit.lint import schema as lint_schema
 from zero_kit.lint.problem import ROOT, LintContext, Problem
@@ -102,6 +106,7 @@ def _rule_pass(config: dict, context: LintContext) -> tuple[list[Problem], int]:
     problems += lint_rules.precision_rules(config)
     problems += rules_zero.zero_rules(config, context.target)
     problems += rules_zeropp.zeropp_rules(config, context)
+    problems += rules_tp.tp_rules(config, context)
     problems += lint_rules.scheduler_rules(config)
     problems += rules_trainer.trainer_rules(config, context)
     return problems, world_size

@@ -214,3 +214,29 @@ def scheduler_choices() -> tuple[str, ...]:
     base = torch.optim.lr_scheduler.LRScheduler
     torch_names = [n for n, c in vars(torch.optim.lr_scheduler).items() if isinstance(c, type) and issubclass(c, base)]
     return tuple(lr_schedules.VALID_LR_SCHEDULES) + tuple(torch_names)
+
+
+@functools.cache
+def engine_source() -> str:
+    """The installed DeepSpeed's runtime/engine.py as text, found without importing deepspeed (the generator's rule
+    pass must stay fast): the AutoTP facts below are read off it. Empty when DeepSpeed is not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    path = Path(next(iter(spec.submodule_search_locations))) / "runtime" / "engine.py"
+    return path.read_text(encoding="utf-8") if path.is_file() else ""
+
+
+def autotp_refuses_zero3() -> bool:
+    """The installed engine asserts ZeRO stage <= 2 when AutoTP training starts (0.18.3 `_configure_tensor_parallel_
+    states`: "the compatibility between 'autotp' and 'zero_stage = 3' has not been validated"; 0.19.8 supports it)."""
+    return bool(re.search(r"assert\s+self\.zero_optimization_stage\(\s*\)\s*<=\s*2", engine_source()))
+
+
+def autotp_shards_from_config() -> bool:
+    """The installed engine shards the model itself from tensor_parallel.autotp_size (0.19.8
+    `_apply_autotp_partitioning`). 0.18.3 only builds the TP groups: the model is sharded by
+    `deepspeed.tp_model_init`, which the script (or transformers) must call before `deepspeed.initialize`."""
+    return "def _apply_autotp_partitioning" in engine_source()

@@ -71,6 +71,10 @@ class LintContext:
     """The arguments of the user's own HF Trainer script (None: not given; the mismatch rules are skipped)."""
     accelerate_use_cpu: str | None = None
     """ACCELERATE_USE_CPU in the run's environment (None: unset)."""
+    attention_heads: int | None = None
+    """The model's attention heads (None: no model given; AutoTP's head checks are skipped)."""
+    kv_heads: int | None = None
+    """The model's key-value heads (grouped-query attention; equal to attention_heads without it)."""
 
 
 def _show(value: Any) -> str:

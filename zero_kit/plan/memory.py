@@ -23,6 +23,7 @@ from zero_kit.plan.accounting import (
     zero12_edge_grad_bytes,
 )
 from zero_kit.plan.assumptions import Assumptions
+from zero_kit.plan.parallel import Layout
 from zero_kit.plan.traffic import TierBytes, step_tier_bytes
 from zero_kit.plan.workload import Workload
 from zero_kit.strategies import STRATEGIES, StrategyInfo
@@ -78,6 +79,8 @@ class Option:
     traffic: TierBytes = TierBytes()
     """Ring bytes per step, all ranks, by link tier (zero_kit.plan.traffic): what the slow-link ranking reads."""
     nodes: int = 1
+    layout: Layout | None = None
+    """Tensor/pipeline parallel layout (zero_kit.plan.parallel_options); None: data parallel alone."""
 
     @property
     def strategy(self) -> str:
@@ -92,7 +95,7 @@ class Option:
     def label(self) -> str:
         suffix = {"none": "", "optimizer": "+opt-offload", "optimizer+param": "+opt+param-offload"}[self.offload]
         node = "" if self.info.hierarchy == "flat" else f"+{self.info.hierarchy.replace('_', '-')}"
-        return self.strategy + node + suffix
+        return self.strategy + node + suffix + (self.layout.label if self.layout else "")
 
     @property
     def inter_node_bytes_per_node(self) -> float:

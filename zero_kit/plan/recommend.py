@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 
 from zero_kit.metrics import GIB
 from zero_kit.plan.memory import Hardware, Option, Workload, evaluate_all
+from zero_kit.plan.parallel import Layout
+from zero_kit.plan.parallel_options import default_layouts, evaluate_layout, layout_reasons, layout_step_time
 from zero_kit.plan.rates import Rates
 from zero_kit.plan.timing import step_time
 
@@ -22,13 +24,17 @@ def speed_key(option: Option, hardware: Hardware) -> tuple:
     fast fabric), then full-precision states before bf16 ones (their updates round to bf16: taken only when
     they save offload), then fewer bytes sent per step, then fewer GPU bytes (room for larger micro batches).
     On a slow inter-node link the bytes each node sends over it come first (zero_kit.plan.traffic: hpZ and HSDP
-    keep their parameter all-gathers inside the node), then the bytes sent per rank."""
+    keep their parameter all-gathers inside the node; a pipeline stage per node sends only activations), then the
+    bytes sent per rank."""
     offload = int(option.info.offload_optimizer) + int(option.info.offload_param)
     low = int(option.info.low_precision_states)
     total = option.gpu_bytes()["total"]
+    # A tensor/pipeline layout pays its activation traffic and bubble, which bytes per rank do not show: on a fast
+    # fabric it ranks after data parallelism without offload, before offload (zero_kit.plan.parallel_options).
+    split = int(option.layout is not None)
     if slow_link(hardware):
-        return (option.inter_node_bytes_per_node, offload, low, option.comm_bytes_per_step, total)
-    return (offload, low, option.comm_bytes_per_step, total)
+        return (option.inter_node_bytes_per_node, offload, split, low, option.comm_bytes_per_step, total)
+    return (offload, split, low, option.comm_bytes_per_step, total)
 
 
 def recommend(options: list[Option], hardware: Hardware, rank_by: str = "memory") -> Option | None:
@@ -53,20 +59,34 @@ class Plan:
     rank_by: str = "memory"
 
 
-def make_plan(work: Workload, hardware: Hardware, rates: Rates | None = None, rank_by: str = "memory") -> Plan:
-    """Every option's memory (and, with `rates`, step time), the recommendation and its reasons."""
+def make_plan(
+    work: Workload,
+    hardware: Hardware,
+    rates: Rates | None = None,
+    rank_by: str = "memory",
+    layouts: list[Layout] | None = None,
+) -> Plan:
+    """Every option's memory (and, with `rates`, step time), the recommendation and its reasons. `layouts`: the
+    tensor/pipeline-parallel layouts to plan beside the data-parallel options (None: `default_layouts`)."""
     if rank_by not in ("memory", "time"):
         raise ValueError(f"rank_by must be 'memory' or 'time', got {rank_by!r}")
     if rank_by == "time" and rates is None:
         raise ValueError("ranking by time needs rates")
-    options = evaluate_all(work, hardware)
+    layouts = default_layouts(work, hardware) if layouts is None else layouts
+    options = evaluate_all(work, hardware) + [evaluate_layout(layout, work, hardware) for layout in layouts]
     if rates is not None:
         for option in options:
-            option.timing = step_time(option.info, work, hardware, rates)
+            option.timing = (
+                layout_step_time(option, work, hardware, rates)
+                if option.layout
+                else step_time(option.info, work, hardware, rates)
+            )
     best = recommend(options, hardware, rank_by)
     reasons = explain(best, options, work, hardware) if best else refusal(options, work, hardware)
     if best and rank_by == "time":
         reasons = [*reasons[:-1], _time_reason(best, options)]
+    if best:
+        reasons[-1:-1] = layout_reasons(best, options, work, hardware)
     return Plan(work, hardware, options, best, reasons, rates, rank_by)
 
 
@@ -105,7 +125,8 @@ def explain(best: Option, options: list[Option], work: Workload, hardware: Hardw
         )
     reasons += _host_warnings(options, hardware)
     reasons.append(
-        "Ranking: fits with the margin; then no offload before offload; then fp32 master states before bf16 ones;"
+        "Ranking: fits with the margin; then no offload before offload; then data parallelism alone before"
+        " tensor/pipeline layouts; then fp32 master states before bf16 ones;"
         " then fewer bytes sent per step; then fewer GPU bytes (room for a larger micro batch)."
     )
     return reasons

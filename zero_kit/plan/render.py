@@ -45,7 +45,9 @@ def render_text(plan: Plan, label: str) -> str:
         )
     lines.append(
         "GiB per GPU; host = RAM per node; sent = bytes each rank sends per step; inter = ring bytes each node sends"
-        " to other nodes per step (zero_kit.plan.traffic); fits: host = GPU yes, host RAM no"
+        " to other nodes per step (zero_kit.plan.traffic); fits: host = GPU yes, host RAM no; +tpT/+ppP: tensor/pipeline"
+        " parallel layout over the row's data parallelism, its fullest rank (zero_kit.plan.parallel; Ψr = that rank's"
+        " parameters, N_dp = N / (tp x pp))"
     )
     if plan.rates is not None:
         lines += ["", *time_table(plan)]
@@ -115,6 +117,7 @@ def option_json(option: Option) -> dict:
         },
         "inter_node_bytes_per_node_per_step": option.inter_node_bytes_per_node,
         "model_states_formula": option.states_formula,
+        "layout": asdict(option.layout) if option.layout else None,
         "timing": timing_json(option) if option.timing is not None else None,
         "terms": {
             group: {name: {"bytes": value, "formula": formula} for name, (value, formula) in terms.items()}
@@ -140,6 +143,7 @@ def timing_json(option: Option) -> dict:
             "pcie": t.pcie_s,
             "cpu_adam": t.cpu_adam_s,
             "overhead_hidden": t.overhead_hidden_s,
+            "pipeline_bubble": t.bubble_s,
         },
         "collectives": [
             {

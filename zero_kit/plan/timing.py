@@ -98,6 +98,8 @@ class StepTime:
     tokens_per_step: int = 0
     """Tokens all ranks process per step."""
     terms: dict[str, float] = field(default_factory=dict)
+    bubble_s: float = 0.0
+    """Of compute_s, the pipeline's idle slots (zero_kit.plan.parallel_options)."""
 
     @property
     def comm_s(self) -> float:

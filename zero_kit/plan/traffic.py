@@ -61,7 +61,10 @@ class Collective:
     calls: int
     overlappable: bool
     group: str = "world"
-    """world, node or across (module doc)."""
+    """world, node or across (module doc); tp, dp or pp for a model-parallel layout (zero_kit.plan.parallel)."""
+    size: int = 0
+    """A layout's group (0: the named group): `size` ranks `stride` apart, in blocks of size x stride ranks."""
+    stride: int = 1
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ def group_size(group: str, nodes: int, ranks_per_node: int) -> int:
 def tier_bytes(collective: Collective, nodes: int, ranks_per_node: int) -> TierBytes:
     """All ranks' ring bytes of `collective` per step, split as metrics.ring_link_tier splits them (module doc)."""
     world = nodes * ranks_per_node
+    if collective.size:
+        return grid_tier_bytes(collective, world, ranks_per_node)
     sent = ring_bytes(collective.kind, collective.payload, group_size(collective.group, nodes, ranks_per_node))
     match collective.group:
         case "world":
@@ -169,3 +174,37 @@ def _fsdp(info: StrategyInfo, work: Workload, a: int, psi: int, trainable: int, 
         shard = 4 * -(-trainable // max(per_node, 1))
         out.append(Collective("all-reduce grad shards across nodes", "allreduce", shard, blocks, True, "across"))
     return out
+
+
+def grid_members(rank: int, size: int, stride: int) -> list[int]:
+    """The ranks of `rank`'s group in a layout grid: `size` ranks `stride` apart (zero_kit.plan.parallel's order:
+    rank = (stage x dp + dp index) x tp + tp index, so tp groups are neighbours, dp groups stride tp, pp stride dp x tp)."""
+    block = size * stride
+    base = rank // block * block + rank % stride
+    return [base + i * stride for i in range(size)]
+
+
+def grid_tier_bytes(collective: Collective, world: int, ranks_per_node: int) -> TierBytes:
+    """Tier bytes of a layout group's collective by enumerating every rank's outgoing link (world <= 100k ranks).
+    Ring collectives send to the ring successor; "p2p" (a pipeline's activations forward, their gradients back)
+    sends `payload` to the next stage and `payload` to the previous one, so the end stages send half as much."""
+    intra = inter = peak = 0.0
+    for rank in range(world):
+        members = grid_members(rank, collective.size, collective.stride)
+        index = members.index(rank)
+        if collective.kind == "p2p":
+            peers = [m for m in (index - 1, index + 1) if 0 <= m < len(members)]
+            links = [(members[m], collective.payload) for m in peers]
+        else:
+            links = [
+                (members[(index + 1) % len(members)], ring_bytes(collective.kind, collective.payload, len(members)))
+            ]
+        for peer, sent in links:
+            if peer == rank or not sent:
+                continue
+            if peer // ranks_per_node == rank // ranks_per_node:
+                intra += sent
+            else:
+                inter += sent
+        peak = max(peak, sum(sent for peer, sent in links if peer != rank))
+    return TierBytes(intra, inter, peak)
