@@ -72,23 +72,54 @@ def predicted_state(record: dict[str, Any]) -> dict[str, Any] | None:
             "paper_total": base, "all_ranks_total": [base + e for e in edges]}  # fmt: skip
 
 
-def _predicted_model_parallel(info, record: dict[str, Any]) -> dict[str, Any]:
-    """Tensor or pipeline parallelism: the byte-table row applied to the parameters each rank really holds (its
-    tensor-parallel slices and replicated layers, or its stage), sharded over the data-parallel ranks only. ZeRO-1/2's
-    edge gradients are not added (they need the rank's own parameter sizes; exact at one data-parallel rank)."""
-    from zero_kit.plan.accounting import strategy_state_bytes
+def model_parallel_layout(info, record: dict[str, Any]):
+    """The planner's Layout and Workload of a tensor- or pipeline-parallel record (zero_kit.plan.parallel): a
+    replica (tp x pp ranks) trains micro x accum x tp x pp rows per step, tp x micro rows per micro batch."""
+    from dataclasses import replace
 
-    held = record["model"].get("params_held_by_rank")
-    if not held:
-        return {"error": "the record lacks params_held_by_rank (written before tensor/pipeline parallelism)"}
-    world, precision = record["world_size"], record["precision"]
+    from zero_kit.plan.parallel import Layout
+    from zero_kit.plan.workload import from_record
+
+    tp, pp, batch = info.tensor_parallel, info.pipeline_stages, record["batch"]
+    layout = Layout(tp=tp, pp=pp, micro_batches=batch["grad_accum"] * pp, base=info.accounting)
+    return layout, replace(from_record(record), micro_batch=batch["micro"] * tp)
+
+
+def _predicted_model_parallel(info, record: dict[str, Any]) -> dict[str, Any]:
+    """Tensor or pipeline parallelism, from the planner (zero_kit.plan.parallel): the parameters each rank holds
+    (stage_params: AutoTP's split, the rank's stage; pipelines outermost, rank // (dp x tp) is the stage) under the
+    byte-table row over the data-parallel ranks. ZeRO-1/2's edge gradients are not added (exact at one dp rank)."""
+    from zero_kit.plan.accounting import model_state_bytes
+    from zero_kit.plan.parallel import parallel_state_bytes, stage_params
+
+    layout, work = model_parallel_layout(info, record)
+    world = record["world_size"]
+    dp = layout.dp(world)
+    try:
+        fullest = parallel_state_bytes(work, layout, world)
+    except ValueError as err:
+        return {"error": str(err)}
+    held = [stage_params(work.shape, layout.tp, layout.pp)[rank // (dp * layout.tp)] for rank in range(world)]
+    totals = [model_state_bytes(layout.base, n, dp, record["precision"]).total for n in held]
+    # params/grads/optimizer/total: the fullest rank's, as `zero-kit plan` reports a layout; every rank's below
+    return {"params": fullest.params, "grads": fullest.grads, "optimizer": fullest.optimizer, "total": fullest.total,
+            "formula": fullest.formula + " (Ψr: parameters the rank holds)", "part_formulas": list(fullest.part_formulas),
+            "paper_total": fullest.total, "all_ranks_total": totals, "params_held_by_rank": held,
+            "source": "zero_kit.plan.parallel"}  # fmt: skip
+
+
+def _predicted_comm_model_parallel(info, record: dict[str, Any]) -> dict[str, Any]:
+    """The planner's bytes per link tier for a tp/pp record (parallel_collectives through traffic.tier_bytes)."""
+    from zero_kit.plan.parallel import parallel_collectives
+    from zero_kit.plan.traffic import TierBytes, tier_bytes
+
+    layout, work = model_parallel_layout(info, record)
+    world = record["world_size"]
     per_node = record.get("ranks_per_node") or world
-    states = [strategy_state_bytes(info, n, world, per_node, precision) for n in held]
-    s = states[0]
-    formula = s.formula.replace("Ψ", "Ψ_rank").replace("/N", "/N_dp") + " (Ψ_rank: parameters the rank holds)"
-    return {"params": s.params, "grads": s.grads, "optimizer": s.optimizer, "total": s.total, "formula": formula,
-            "part_formulas": list(s.part_formulas), "paper_total": s.total,
-            "all_ranks_total": [state.total for state in states]}  # fmt: skip
+    total = TierBytes()
+    for collective in parallel_collectives(work, layout, world):
+        total += tier_bytes(collective, world // per_node, per_node)
+    return {"intra_node": total.intra_node, "inter_node": total.inter_node}
 
 
 def predicted_comm(record: dict[str, Any]) -> dict[str, Any] | None:
@@ -99,14 +130,16 @@ def predicted_comm(record: dict[str, Any]) -> dict[str, Any] | None:
     from zero_kit.plan.workload import from_record
 
     info = STRATEGIES.get(record["strategy"])
-    if info is None or "intermediate" not in record["model"] or record["batch"]["grad_accum"] != 1:
-        return None  # the traffic model counts one micro batch per step
+    if info is None or "intermediate" not in record["model"]:
+        return None  # a record written before the model's shape was
+    if record["batch"]["grad_accum"] != 1 and info.model_parallel == 1:
+        return None  # the data-parallel traffic model counts one micro batch per step
     if info.model_parallel > 1:
-        return None  # zero_kit.plan.traffic has no tensor- or pipeline-parallel collectives yet
-    work = from_record(record)
-    per_node = record.get("ranks_per_node") or record["world_size"]
-    tiers = step_tier_bytes(info, work, record["world_size"] // per_node, per_node)
-    predicted = {"intra_node": tiers.intra_node, "inter_node": tiers.inter_node}
+        predicted = _predicted_comm_model_parallel(info, record)
+    else:
+        per_node = record.get("ranks_per_node") or record["world_size"]
+        tiers = step_tier_bytes(info, from_record(record), record["world_size"] // per_node, per_node)
+        predicted = {"intra_node": tiers.intra_node, "inter_node": tiers.inter_node}
     measured = record["comm_bytes_per_step"]["ring_bytes_sent_all_ranks_by_tier"]
     errors = {tier: (measured[tier] / p - 1 if p else None) for tier, p in predicted.items()}
     return {"all_ranks_by_tier": predicted, "error_by_tier": errors, "source": "zero_kit.plan.traffic"}

@@ -2,9 +2,10 @@
 shares (the embedding joins the first, the final norm and head the last), one stage per rank, run by Schedule1F1B
 over micro batches of the run's --micro-batch rows taken from the same global batch as every other strategy.
 
-Ranks form a (data parallel, pipeline) mesh: a pipeline is `stages` consecutive ranks; with more ranks than stages
-each stage is wrapped in DDP over its data-parallel peers (torch's stage runs all but the last backward under
-no_sync). Activations and their gradients cross stages as point-to-point sends (counted by metrics.CommCounter).
+Ranks form a (pipeline, data parallel) mesh, the planner's order (zero_kit.plan.parallel): stages outermost, so a
+stage's data-parallel peers are neighbours and, on whole nodes, only activations cross nodes. With more ranks than
+stages each stage is wrapped in DDP over its data-parallel peers (torch's stage runs all but the last backward
+under no_sync). Activations and their gradients cross stages as point-to-point sends (counted by metrics.CommCounter).
 
 The bubble: each stage's forward and backward compute is timed (the stage's forward_one_chunk and
 backward_one_chunk) inside the schedule's step; its idle fraction is 1 - busy / step wall time, to be held against
@@ -81,10 +82,10 @@ class PipelineStrategy(_Base):
             raise ValueError(f"pp needs a world size divisible by its {stages} stages, got {options.world_size}")
         self.options, self.name, self.stages = options, name, stages
         device_type = "cuda" if options.device.startswith("cuda") else "cpu"
-        shape = (options.world_size // stages, stages)
-        self.mesh = init_device_mesh(device_type, shape, mesh_dim_names=("dp", "pp"))
+        shape = (stages, options.world_size // stages)
+        self.mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", "dp"))
         self.stage_index = self.mesh.get_local_rank("pp")
-        self.data_rank, self.data_world = self.mesh.get_local_rank("dp"), shape[0]
+        self.data_rank, self.data_world = self.mesh.get_local_rank("dp"), shape[1]
         self.module = _stage_module(model, self.stage_index, stages).to(options.device)
         self._wrapped = self._wrap_ddp(self.module)
         self.pp_group = self.mesh.get_group("pp")
