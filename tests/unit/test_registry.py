@@ -25,8 +25,10 @@ BENCHABLE = [name for name, info in STRATEGIES.items() if info.benchable]
 def test_plan_options_are_the_planned_registry_entries_in_order():
     plan = make_plan(Workload(KNOWN_SHAPES["llama-3-8b"], KNOWN_SHAPES["llama-3-8b"].n_params), Hardware(80 * 10**9, 8))
     planned = [info for info in STRATEGIES.values() if info.planned]
-    assert [o.info for o in plan.options] == planned
-    assert [o.info.name for o in plan.options] == [
+    flat = [o for o in plan.options if o.layout is None]  # then the tensor/pipeline layouts (plan.parallel_options)
+    assert plan.options[: len(flat)] == flat and [o.label for o in plan.options[len(flat) :]] == ["zero1+tp8"]
+    assert [o.info for o in flat] == planned
+    assert [o.info.name for o in flat] == [
         "ddp", "fsdp", "fsdp_hsdp", "fsdp_reshard_node", "zero0", "zero1", "zero2", "zero3", "zero3_hpz",
         "zero3_bf16states", "zero2_offload", "zero3_offload", "zero3_offload_param",
     ]  # fmt: skip
