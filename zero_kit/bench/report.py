@@ -219,7 +219,7 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
     ok = [r for r in records if not r.get("failed")]
     if ok:
         r0 = ok[0]
-        model = {k: v for k, v in r0["model"].items() if k != "param_numels"}
+        model = {k: v for k, v in r0["model"].items() if k not in ("param_numels", "params_held_by_rank")}
         lines += ["", f"Model: {model}; batch: {r0['batch']}; steps {r0['steps']} (warm-up {r0['warmup']}"
                   " excluded from timing and bytes)", f"Versions: {r0['versions']}; hardware: {r0['hardware']}"]  # fmt: skip
         differs = [f"{r['strategy']} ({r.get('max_abs_loss_diff_vs_ddp') or 0:.1e})" for r in ok
@@ -227,11 +227,29 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
         if differs:
             lines += ["", "Not DDP's arithmetic (bf16 master weights, gradients and Adam moments under bf16 autocast), so",
                       f"their losses differ from DDP's by design, max difference measured: {', '.join(differs)}."]  # fmt: skip
+        lines += _model_parallel_notes(ok)
         lines += ["", "Measured bytes are read from the live tensors (storages counted once); comm bytes are what one",
                   "rank sends under the ring algorithm for each collective the counting wrapper saw (metrics.py);",
                   "inter-node bytes: every rank's ring bytes to a successor on another node, summed (ring in rank",
                   "order, node = rank // ranks per node)."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _model_parallel_notes(ok: list[dict[str, Any]]) -> list[str]:
+    """Under the table: each tensor/pipeline-parallel run's degrees and a pipeline's measured bubble."""
+    lines = []
+    for r in ok:
+        degrees = r.get("parallel") or {}
+        if degrees.get("tensor", 1) * degrees.get("pipeline", 1) == 1:
+            continue
+        line = f"{r['strategy']}: tensor {degrees['tensor']} x pipeline {degrees['pipeline']} x data {degrees['data']}"
+        pipeline = r.get("pipeline")
+        if pipeline:
+            idle = ", ".join(f"{b:.3f}" for b in pipeline["bubble_by_rank"])
+            line += (f"; {pipeline['schedule']}, {pipeline['microbatches']} micro batches: idle per rank {idle}"
+                     f" (1 - compute / schedule time) vs (p-1)/(m+p-1) = {pipeline['bubble_theory']:.3f}")  # fmt: skip
+        lines.append(line)
+    return [""] + lines if lines else []
 
 
 def plot(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
