@@ -1,5 +1,6 @@
 """The pure parts of the tensor/pipeline-parallel benchmark strategies: how a pipeline cuts the layers, which rows of
-the global batch a model-parallel rank trains on, and how the byte counter books a point-to-point send."""
+the global batch a model-parallel rank trains on, how the byte counter books a point-to-point send, and what the
+bench refuses before launching."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import pytest
 
 from zero_kit.bench.options import BenchOptions
 from zero_kit.bench.worker import rank_micro_batches, synthetic_rows
+from zero_kit.errors import UserError
 from zero_kit.metrics import _peer, ring_bytes
 from zero_kit.plan.parallel import stage_layers
+from zero_kit.strategies import STRATEGIES, check_model_parallel
 from zero_kit.strategies.pipeline import layer_split
 
 
@@ -44,3 +47,18 @@ def test_a_send_counts_its_bytes_once_toward_its_receiver():
     assert _peer((None,), {"dst": 1}) == ("global", 1)
     assert _peer((None,), {"group_dst": 0, "group": "g"}) == ("group", 0)
     assert _peer((None,), {}) is None
+
+
+def test_the_bench_refuses_splits_the_backends_cannot_make_before_launching():
+    pp, tp = STRATEGIES["pp"], STRATEGIES["zero1_tp"]
+    check_model_parallel(pp, 4, 2, 2, False)  # PP2 x DP2
+    check_model_parallel(tp, 2, 2, 2, False)
+    with pytest.raises(UserError) as refused:
+        check_model_parallel(pp, 3, 1, 2, True)
+    message = str(refused.value.message)
+    assert message.startswith("3 problems before launching")
+    assert "--nproc a multiple of 2, got 3" in message and "2 stages: it has 1 layers" in message
+    assert "tie_word_embeddings" in message
+    with pytest.raises(UserError, match="AutoTP cannot split 3 KV heads 2 ways") as refused:
+        check_model_parallel(tp, 2, 2, 3, False)
+    assert "multiple of 2" in refused.value.fix

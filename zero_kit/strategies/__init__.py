@@ -14,10 +14,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from zero_kit.errors import UserError
+from zero_kit.errors import UserError, raise_all
 from zero_kit.strategies.base import Strategy, StrategyOptions
 
-__all__ = ["STRATEGIES", "Strategy", "StrategyInfo", "StrategyOptions", "build_strategy", "check_name"]
+__all__ = [
+    "STRATEGIES",
+    "Strategy",
+    "StrategyInfo",
+    "StrategyOptions",
+    "build_strategy",
+    "check_model_parallel",
+    "check_name",
+]
 
 
 @dataclass(frozen=True)
@@ -171,6 +179,26 @@ def check_name(name: str) -> StrategyInfo:
             f"choose from {', '.join(benchable)}",
         )
     return info
+
+
+def check_model_parallel(info: StrategyInfo, world_size: int, layers: int, kv_heads: int, tied: bool) -> None:
+    """Refuse, before any launch, a run the model-parallel backends cannot split (UserError, every problem at once):
+    ranks not a multiple of the replica's, more stages than layers, KV heads AutoTP cannot divide, a tied head a
+    pipeline would have to share between its first and last stage."""
+    problems = []
+    if world_size % info.model_parallel:
+        problems.append(UserError(f"{info.name} needs --nproc a multiple of {info.model_parallel}, got {world_size}",
+                                  f"run {info.name} with --nproc {info.model_parallel} or a multiple"))  # fmt: skip
+    if info.pipeline_stages > layers:
+        problems.append(UserError(f"{info.name} cuts the model into {info.pipeline_stages} stages: it has {layers} layers",
+                                  f"--layers {info.pipeline_stages} or more"))  # fmt: skip
+    if info.pipeline_stages > 1 and tied:
+        problems.append(UserError(f"{info.name} cannot split a model whose head is its embedding (tie_word_embeddings)",
+                                  "use a model with an untied lm_head, or leave pp out"))  # fmt: skip
+    if info.tensor_parallel > 1 and kv_heads % info.tensor_parallel:
+        problems.append(UserError(f"{info.name}: AutoTP cannot split {kv_heads} KV heads {info.tensor_parallel} ways",
+                                  f"a model whose KV heads are a multiple of {info.tensor_parallel}"))  # fmt: skip
+    raise_all(problems, "before launching")
 
 
 def build_strategy(name: str, model, options: StrategyOptions) -> Strategy:
