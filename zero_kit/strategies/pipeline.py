@@ -101,9 +101,11 @@ class PipelineStrategy(_Base):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.nn.parallel import DistributedDataParallel
 
-        ddp = DistributedDataParallel(module, process_group=self.mesh.get_group("dp"))
-        # As in strategies/ddp.py: the stock all-reduce hook calls torch.distributed, so the byte counter sees it.
-        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+        group = self.mesh.get_group("dp")
+        ddp = DistributedDataParallel(module, process_group=group)
+        # As in strategies/ddp.py: the stock all-reduce hook calls torch.distributed, so the byte counter sees it. Its
+        # state is the group it reduces over (None would mean the whole world: every stage at once, a hang).
+        ddp.register_comm_hook(group, default_hooks.allreduce_hook)
         return ddp
 
     def _schedule_for(self, microbatches: int):
