@@ -11,6 +11,9 @@ Every figure says its unit and how it was measured:
   r // L == r' // L (L = ranks per node, the launcher's LOCAL_WORLD_SIZE / LOCAL_SIZE), as the deepspeed launcher
   and torchrun number them. Each rank's ring bytes go to its ring successor; they are inter-node bytes when the
   successor is on another node. A ring over one group spanning M nodes crosses nodes M times.
+- point-to-point sends (`send`, `isend`: pipeline parallelism's activations and their gradients) count the tensor's
+  bytes once, on the sender, in the tier of the link to the receiving rank; receives are not counted (the sender
+  already did).
 - memory: peak RSS (getrusage) on CPU; CUDA max allocated / reserved on GPU.
 """
 
@@ -54,6 +57,8 @@ _COLLECTIVES = {
     "reduce_scatter_single": "reducescatter",
     "_reduce_scatter_base": "reducescatter",
     "all_to_all_single": "alltoall",
+    "send": "p2p",
+    "isend": "p2p",
 }
 
 
@@ -78,8 +83,19 @@ def _payload_bytes(name: str, args: tuple, kwargs: dict) -> int:
     return _nbytes(kwargs.get("tensor", args[0] if args else None))
 
 
+def _peer(args: tuple, kwargs: dict) -> tuple[str, int] | None:
+    """The receiver of a send as ("global" | "group", rank): `dst` (or the 2nd positional) is a global rank,
+    `group_dst` a rank inside the group."""
+    if kwargs.get("group_dst") is not None:
+        return "group", kwargs["group_dst"]
+    dst = kwargs.get("dst", args[1] if len(args) > 1 else None)
+    return None if dst is None else ("global", dst)
+
+
 def ring_bytes(kind: str, payload: int, world: int) -> float:
     """Bytes one rank sends for a collective of `payload` bytes under the ring algorithm (see module doc)."""
+    if kind == "p2p":
+        return float(payload)
     if world <= 1:
         return 0.0
     share = (world - 1) / world
@@ -146,7 +162,7 @@ class CommCounter:
             # Only the outermost call counts: deprecated aliases (e.g. _all_gather_base) call the new names.
             depth = getattr(self._local, "depth", 0)
             if self.active and depth == 0:
-                self._record(name, _payload_bytes(name, args, kwargs), kwargs.get("group"))
+                self._record(name, _payload_bytes(name, args, kwargs), kwargs.get("group"), _peer(args, kwargs))
             self._local.depth = depth + 1
             try:
                 return original(*args, **kwargs)
@@ -155,7 +171,7 @@ class CommCounter:
 
         return counted
 
-    def _record(self, name: str, payload: int, group) -> None:
+    def _record(self, name: str, payload: int, group, peer: tuple[str, int] | None = None) -> None:
         import torch.distributed as dist
 
         world = dist.get_world_size(group) if dist.is_initialized() else 1
@@ -165,7 +181,20 @@ class CommCounter:
         by_size[payload] = by_size.get(payload, 0) + 1
         sent = ring_bytes(_COLLECTIVES[name], payload, world)
         self.sent += sent
-        self.sent_by_tier[self._tier(group)] += sent
+        tier = self._peer_tier(group, peer) if _COLLECTIVES[name] == "p2p" else self._tier(group)
+        self.sent_by_tier[tier] += sent
+
+    def _peer_tier(self, group, peer: tuple[str, int] | None) -> str:
+        """The tier of a point-to-point send: the receiver's node against this rank's."""
+        import torch.distributed as dist
+
+        if peer is None or not dist.is_initialized() or self.ranks_per_node < 1:
+            return "intra_node"
+        kind, rank = peer
+        receiver = dist.get_global_rank(group or dist.group.WORLD, rank) if kind == "group" else rank
+        return (
+            "intra_node" if receiver // self.ranks_per_node == dist.get_rank() // self.ranks_per_node else "inter_node"
+        )
 
     def _tier(self, group) -> str:
         """The link tier this rank's ring bytes cross in `group`: to its ring successor's node or within its own."""

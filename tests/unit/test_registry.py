@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from zero_kit.bench.report import predicted_state
+from zero_kit.bench.report import model_parallel_layout, predicted_state
 from zero_kit.errors import UserError
 from zero_kit.plan import KNOWN_SHAPES, Hardware, StateBytes, Workload, make_plan, model_state_bytes
 from zero_kit.plan.accounting import ROWS
+from zero_kit.plan.parallel import parallel_state_bytes
 from zero_kit.strategies import STRATEGIES, check_name
 
 PACKAGE = Path(__file__).resolve().parents[2] / "zero_kit"
@@ -49,6 +50,8 @@ def test_every_entry_names_a_byte_table_row_and_every_row_is_used():
         if info.backend == "deepspeed":
             bf16 = "_bf16" if info.low_precision_states else ""
             assert info.accounting == f"zero{info.stage}{bf16}" and info.launcher == "deepspeed"
+        elif info.backend == "pipeline":  # each stage is a plain replica of its layers
+            assert info.accounting == "ddp" and info.launcher == "torchrun" and info.pipeline_stages > 1
         else:
             assert info.backend == info.accounting and info.launcher == "torchrun" and not info.zero_overrides
 
@@ -58,7 +61,18 @@ def test_bench_names_resolve_and_the_report_predicts_through_the_registry(name):
     info = check_name(name)
     assert info is STRATEGIES[name]
     record = {"strategy": name, "world_size": 2, "precision": "bf16", "model": {"n_params": 10_000}}
-    states = model_state_bytes(info.accounting, 10_000, 2, "bf16", offload_optimizer=info.offload_optimizer)
+    if info.model_parallel > 1:  # the planner's layout: the row over each rank's slice, sharded over dp ranks
+        shape = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128, "vocab": 100, "seq_len": 16}
+        record.update(world_size=2 * info.model_parallel, model={"n_params": 10_000, **shape},
+                      batch={"micro": 1, "grad_accum": 1})  # fmt: skip
+        layout, work = model_parallel_layout(info, record)
+        states = parallel_state_bytes(work, layout, record["world_size"])
+        assert layout.dp(record["world_size"]) == 2 and (layout.tp, layout.pp) == (
+            info.tensor_parallel,
+            info.pipeline_stages,
+        )
+    else:
+        states = model_state_bytes(info.accounting, 10_000, 2, "bf16", offload_optimizer=info.offload_optimizer)
     assert predicted_state(record)["total"] == states.all_bytes
 
 

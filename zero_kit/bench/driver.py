@@ -65,13 +65,15 @@ def _run_one(strategy: str, opts: BenchOptions, index: int, out_dir: Path, where
 def run_bench(opts: BenchOptions, progress=None) -> list[dict]:
     """Every strategy as a real launch; then results.jsonl, table.md and PNG plots in opts.out."""
     from zero_kit.bench.report import failed_record, write_outputs
-    from zero_kit.strategies import check_name
+    from zero_kit.strategies import check_model_parallel, check_name
 
     names = [n.strip() for n in opts.strategies.split(",") if n.strip()]
-    for name in names:
-        check_name(name)
-    model_config(opts)
+    infos = [check_name(name) for name in names]
+    config = model_config(opts)
     where = place(opts, dict(os.environ))
+    for info in infos:
+        check_model_parallel(info, where.nodes * where.ranks_per_node, config.num_hidden_layers,
+                             config.num_key_value_heads, bool(config.tie_word_embeddings))  # fmt: skip
     out_dir = Path(opts.out)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))

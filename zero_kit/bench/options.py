@@ -16,8 +16,9 @@ class BenchOptions:
     strategies: str = "ddp,fsdp,zero1,zero2,zero3"
     """Comma-separated strategies: ddp, fsdp, zero0..zero3, zero2_offload, zero3_offload, the DeepSpeed variants
     zero1_reduce / zero2_reduce (per-owner reduce) and zero3_release (re-gather in backward), the node-aware
-    zero3_hpz / zero3_hpz_release (ZeRO++ hpZ), fsdp_hsdp (2D mesh) and fsdp_reshard_node, and zero3_bf16states
-    (bf16 master weights, gradients and Adam moments)."""
+    zero3_hpz / zero3_hpz_release (ZeRO++ hpZ), fsdp_hsdp (2D mesh) and fsdp_reshard_node, zero3_bf16states
+    (bf16 master weights, gradients and Adam moments), and model parallelism: zero1_tp (DeepSpeed AutoTP 2-way +
+    ZeRO-1) and pp (2 pipeline stages, 1F1B)."""
     nproc: int = 2
     """Ranks (processes) per run; on CPU each is one process using gloo."""
     model: str = "tiny"

@@ -59,7 +59,9 @@ def build_record(
     per_rank: list[Any] = [None] * world
     steps = opts.steps - opts.warmup
     tiers = counter.summary(steps)["ring_bytes_sent_by_tier"]
-    dist.all_gather_object(per_rank, {"state": mine, "mem": peak_memory(device.split(":")[0]), "tiers": tiers})
+    held = strategy.params_held()
+    dist.all_gather_object(per_rank, {"state": mine, "mem": peak_memory(device.split(":")[0]), "tiers": tiers,
+                                      "held": held})  # fmt: skip
     cfg = model.config
     tokens = opts.micro_batch * opts.grad_accum * opts.seq_len
     per_rank_tps = tokens / result["median"]
@@ -72,7 +74,11 @@ def build_record(
         "ranks_per_node": _ranks_per_node(counter, world),
         "precision": opts.precision,
         "device": device.split(":")[0],
-        "model": _model_entry(strategy, model.config, opts.seq_len),
+        "model": {
+            **_model_entry(strategy, model.config, opts.seq_len),
+            "params_held_by_rank": [r["held"] for r in per_rank],
+        },
+        "parallel": _parallel_entry(strategy.name, world),
         "batch": {"micro": opts.micro_batch, "grad_accum": opts.grad_accum, "global": tokens // opts.seq_len * world},
         "steps": opts.steps,
         "warmup": opts.warmup,
@@ -88,8 +94,29 @@ def build_record(
         "flops_per_token": fpt,
         "mfu": mfu(per_rank_tps, fpt, peak_flops(torch_device_name(device), opts.precision)) if gpu else None,
         "options": dataclasses.asdict(opts),
+        **_pipeline_entry(result["extra"], opts.warmup),
         **_environment(device),
     }
+
+
+def _parallel_entry(name: str, world: int) -> dict[str, int]:
+    """The run's degrees: tensor x pipeline ranks per model replica, the rest data parallel (the registry's)."""
+    from zero_kit.strategies import STRATEGIES
+
+    info = STRATEGIES[name]
+    return {"tensor": info.tensor_parallel, "pipeline": info.pipeline_stages, "data": world // info.model_parallel}
+
+
+def _pipeline_entry(extra: dict[str, Any], warmup: int) -> dict[str, Any]:
+    """A pipeline's bubble per rank: 1 - compute seconds / the schedule's wall seconds over the timed steps."""
+    if "pipeline" not in extra:
+        return extra
+    pipeline = dict(extra["pipeline"])
+    idle = []
+    for rank in pipeline["by_rank"]:
+        busy, wall = sum(rank["busy_s"][warmup:]), sum(rank["wall_s"][warmup:])
+        idle.append(1 - busy / wall if wall else None)
+    return {**extra, "pipeline": {**pipeline, "bubble_by_rank": idle}}
 
 
 def _model_entry(strategy, cfg, seq_len: int) -> dict[str, Any]:

@@ -52,6 +52,8 @@ def predicted_state(record: dict[str, Any]) -> dict[str, Any] | None:
     name, offload = info.accounting, info.offload_optimizer
     world, precision = record["world_size"], record["precision"]
     per_node = record.get("ranks_per_node") or world
+    if info.model_parallel > 1:
+        return _predicted_model_parallel(info, record)
     try:
         s = strategy_state_bytes(info, record["model"]["n_params"], world, per_node, precision)
     except ValueError as err:
@@ -70,6 +72,56 @@ def predicted_state(record: dict[str, Any]) -> dict[str, Any] | None:
             "paper_total": base, "all_ranks_total": [base + e for e in edges]}  # fmt: skip
 
 
+def model_parallel_layout(info, record: dict[str, Any]):
+    """The planner's Layout and Workload of a tensor- or pipeline-parallel record (zero_kit.plan.parallel): a
+    replica (tp x pp ranks) trains micro x accum x tp x pp rows per step, tp x micro rows per micro batch."""
+    from dataclasses import replace
+
+    from zero_kit.plan.parallel import Layout
+    from zero_kit.plan.workload import from_record
+
+    tp, pp, batch = info.tensor_parallel, info.pipeline_stages, record["batch"]
+    layout = Layout(tp=tp, pp=pp, micro_batches=batch["grad_accum"] * pp, base=info.accounting)
+    return layout, replace(from_record(record), micro_batch=batch["micro"] * tp)
+
+
+def _predicted_model_parallel(info, record: dict[str, Any]) -> dict[str, Any]:
+    """Tensor or pipeline parallelism, from the planner (zero_kit.plan.parallel): the parameters each rank holds
+    (stage_params: AutoTP's split, the rank's stage; pipelines outermost, rank // (dp x tp) is the stage) under the
+    byte-table row over the data-parallel ranks. ZeRO-1/2's edge gradients are not added (exact at one dp rank)."""
+    from zero_kit.plan.accounting import model_state_bytes
+    from zero_kit.plan.parallel import parallel_state_bytes, stage_params
+
+    layout, work = model_parallel_layout(info, record)
+    world = record["world_size"]
+    dp = layout.dp(world)
+    try:
+        fullest = parallel_state_bytes(work, layout, world)
+    except ValueError as err:
+        return {"error": str(err)}
+    held = [stage_params(work.shape, layout.tp, layout.pp)[rank // (dp * layout.tp)] for rank in range(world)]
+    totals = [model_state_bytes(layout.base, n, dp, record["precision"]).total for n in held]
+    # params/grads/optimizer/total: the fullest rank's, as `zero-kit plan` reports a layout; every rank's below
+    return {"params": fullest.params, "grads": fullest.grads, "optimizer": fullest.optimizer, "total": fullest.total,
+            "formula": fullest.formula + " (Ψr: parameters the rank holds)", "part_formulas": list(fullest.part_formulas),
+            "paper_total": fullest.total, "all_ranks_total": totals, "params_held_by_rank": held,
+            "source": "zero_kit.plan.parallel"}  # fmt: skip
+
+
+def _predicted_comm_model_parallel(info, record: dict[str, Any]) -> dict[str, Any]:
+    """The planner's bytes per link tier for a tp/pp record (parallel_collectives through traffic.tier_bytes)."""
+    from zero_kit.plan.parallel import parallel_collectives
+    from zero_kit.plan.traffic import TierBytes, tier_bytes
+
+    layout, work = model_parallel_layout(info, record)
+    world = record["world_size"]
+    per_node = record.get("ranks_per_node") or world
+    total = TierBytes()
+    for collective in parallel_collectives(work, layout, world):
+        total += tier_bytes(collective, world // per_node, per_node)
+    return {"intra_node": total.intra_node, "inter_node": total.inter_node}
+
+
 def predicted_comm(record: dict[str, Any]) -> dict[str, Any] | None:
     """The planner's ring bytes per step for this run, all ranks, by link tier (zero_kit.plan.traffic, the formulas
     `zero-kit plan` ranks and times with), and the measured bytes' error against them. None when the record lacks
@@ -78,12 +130,16 @@ def predicted_comm(record: dict[str, Any]) -> dict[str, Any] | None:
     from zero_kit.plan.workload import from_record
 
     info = STRATEGIES.get(record["strategy"])
-    if info is None or "intermediate" not in record["model"] or record["batch"]["grad_accum"] != 1:
-        return None  # the traffic model counts one micro batch per step
-    work = from_record(record)
-    per_node = record.get("ranks_per_node") or record["world_size"]
-    tiers = step_tier_bytes(info, work, record["world_size"] // per_node, per_node)
-    predicted = {"intra_node": tiers.intra_node, "inter_node": tiers.inter_node}
+    if info is None or "intermediate" not in record["model"]:
+        return None  # a record written before the model's shape was
+    if record["batch"]["grad_accum"] != 1 and info.model_parallel == 1:
+        return None  # the data-parallel traffic model counts one micro batch per step
+    if info.model_parallel > 1:
+        predicted = _predicted_comm_model_parallel(info, record)
+    else:
+        per_node = record.get("ranks_per_node") or record["world_size"]
+        tiers = step_tier_bytes(info, from_record(record), record["world_size"] // per_node, per_node)
+        predicted = {"intra_node": tiers.intra_node, "inter_node": tiers.inter_node}
     measured = record["comm_bytes_per_step"]["ring_bytes_sent_all_ranks_by_tier"]
     errors = {tier: (measured[tier] / p - 1 if p else None) for tier, p in predicted.items()}
     return {"all_ranks_by_tier": predicted, "error_by_tier": errors, "source": "zero_kit.plan.traffic"}
@@ -163,7 +219,7 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
     ok = [r for r in records if not r.get("failed")]
     if ok:
         r0 = ok[0]
-        model = {k: v for k, v in r0["model"].items() if k != "param_numels"}
+        model = {k: v for k, v in r0["model"].items() if k not in ("param_numels", "params_held_by_rank")}
         lines += ["", f"Model: {model}; batch: {r0['batch']}; steps {r0['steps']} (warm-up {r0['warmup']}"
                   " excluded from timing and bytes)", f"Versions: {r0['versions']}; hardware: {r0['hardware']}"]  # fmt: skip
         differs = [f"{r['strategy']} ({r.get('max_abs_loss_diff_vs_ddp') or 0:.1e})" for r in ok
@@ -171,11 +227,29 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
         if differs:
             lines += ["", "Not DDP's arithmetic (bf16 master weights, gradients and Adam moments under bf16 autocast), so",
                       f"their losses differ from DDP's by design, max difference measured: {', '.join(differs)}."]  # fmt: skip
+        lines += _model_parallel_notes(ok)
         lines += ["", "Measured bytes are read from the live tensors (storages counted once); comm bytes are what one",
                   "rank sends under the ring algorithm for each collective the counting wrapper saw (metrics.py);",
                   "inter-node bytes: every rank's ring bytes to a successor on another node, summed (ring in rank",
                   "order, node = rank // ranks per node)."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _model_parallel_notes(ok: list[dict[str, Any]]) -> list[str]:
+    """Under the table: each tensor/pipeline-parallel run's degrees and a pipeline's measured bubble."""
+    lines = []
+    for r in ok:
+        degrees = r.get("parallel") or {}
+        if degrees.get("tensor", 1) * degrees.get("pipeline", 1) == 1:
+            continue
+        line = f"{r['strategy']}: tensor {degrees['tensor']} x pipeline {degrees['pipeline']} x data {degrees['data']}"
+        pipeline = r.get("pipeline")
+        if pipeline:
+            idle = ", ".join(f"{b:.3f}" for b in pipeline["bubble_by_rank"])
+            line += (f"; {pipeline['schedule']}, {pipeline['microbatches']} micro batches: idle per rank {idle}"
+                     f" (1 - compute / schedule time) vs (p-1)/(m+p-1) = {pipeline['bubble_theory']:.3f}")  # fmt: skip
+        lines.append(line)
+    return [""] + lines if lines else []
 
 
 def plot(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:

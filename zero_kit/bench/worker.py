@@ -28,10 +28,15 @@ def synthetic_rows(step: int, rows: int, seq_len: int, vocab: int, seed: int):
     return (start + stride * torch.arange(seq_len)) % vocab
 
 
-def rank_micro_batches(step: int, opts: BenchOptions, rank: int, world: int, vocab: int) -> list[dict[str, Any]]:
+def rank_micro_batches(
+    step: int, opts: BenchOptions, split: tuple[int, int, int], world: int, vocab: int
+) -> list[dict[str, Any]]:
+    """This rank's rows of the step's global batch (micro x accum x world rows, whatever the strategy), in the
+    pieces `split` (Strategy.data_split: data-parallel rank, data-parallel ranks, calls) asks for."""
     rows = opts.micro_batch * opts.grad_accum * world
-    mine = synthetic_rows(step, rows, opts.seq_len, vocab, opts.seed)[rank::world]  # DistributedSampler split
-    chunks = mine.split(opts.micro_batch)
+    data_rank, data_world, calls = split
+    mine = synthetic_rows(step, rows, opts.seq_len, vocab, opts.seed)[data_rank::data_world]  # DistributedSampler
+    chunks = mine.split(len(mine) // calls)
     return [{"input_ids": c, "labels": c} for c in chunks]
 
 
@@ -77,13 +82,14 @@ def _init_distributed(backend_kind: str, pg_backend: str) -> None:
         dist.init_process_group(pg_backend)
 
 
-def _global_mean(value: float, device: str) -> float:
+def _global_mean(value: float | None, device: str) -> float:
+    """Mean over the ranks that hold a loss (a pipeline's first stage holds none)."""
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+    t = torch.tensor([value or 0.0, float(value is not None)], dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    return t.item() / dist.get_world_size()
+    return (t[0] / t[1]).item()
 
 
 def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, device: str, heartbeat) -> dict[str, Any]:
@@ -92,7 +98,8 @@ def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, devic
 
     from zero_kit.metrics import DeepSpeedCommsLog, StepTimer
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    world = dist.get_world_size()
+    split = strategy.data_split()
     timer = StepTimer(torch.cuda.synchronize if device.startswith("cuda") else None)
     losses, grads = [], 0
     ds_log = DeepSpeedCommsLog() if opts.ds_comms_log and strategy.name.startswith("zero") else None
@@ -103,10 +110,10 @@ def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, devic
             ds_log.set_active(active)
 
     for step in range(opts.steps):
-        micro = [{k: v.to(device) for k, v in b.items()} for b in rank_micro_batches(step, opts, rank, world, vocab)]
+        micro = [{k: v.to(device) for k, v in b.items()} for b in rank_micro_batches(step, opts, split, world, vocab)]
         counting(step >= opts.warmup)
         timer.start()
-        step_loss = sum(strategy.forward_backward(b, last=i == len(micro) - 1) for i, b in enumerate(micro))
+        held = [strategy.forward_backward(b, last=i == len(micro) - 1) for i, b in enumerate(micro)]
         if step == opts.steps - 1:
             active = counter.active
             counting(False)  # reading bytes is not part of the step
@@ -115,10 +122,11 @@ def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, devic
         strategy.step()
         elapsed = timer.stop()
         counting(False)
-        losses.append(_global_mean(step_loss / len(micro), device))
+        held = [loss for loss in held if loss is not None]
+        losses.append(_global_mean(sum(held) / len(held) if held else None, device))
         if heartbeat is not None:
             heartbeat.beat("train", step + 1)
-        if rank == 0:
+        if dist.get_rank() == 0:
             print(
                 f"{PROGRESS} {strategy.name} step {step + 1}/{opts.steps} loss {losses[-1]:.6f} {elapsed:.3f}s",
                 flush=True,
@@ -130,6 +138,7 @@ def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, devic
         "median": timer.median(opts.warmup),
         "bytes": (params, grads, optimizer),
         "ds_comms_log": ds_log.summary(opts.steps - opts.warmup, world) if ds_log else None,
+        "extra": strategy.extra_record(),
     }
 
 

@@ -14,10 +14,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from zero_kit.errors import UserError
+from zero_kit.errors import UserError, raise_all
 from zero_kit.strategies.base import Strategy, StrategyOptions
 
-__all__ = ["STRATEGIES", "Strategy", "StrategyInfo", "StrategyOptions", "build_strategy", "check_name"]
+__all__ = [
+    "STRATEGIES",
+    "Strategy",
+    "StrategyInfo",
+    "StrategyOptions",
+    "build_strategy",
+    "check_model_parallel",
+    "check_name",
+]
 
 
 @dataclass(frozen=True)
@@ -25,7 +33,7 @@ class StrategyInfo:
     name: str
     """What users type: `zero-kit bench --strategies NAME`, and the key of STRATEGIES."""
     backend: str
-    """The module that builds it: "ddp", "fsdp" or "deepspeed" (see `build_strategy`)."""
+    """The module that builds it: "ddp", "fsdp", "deepspeed" or "pipeline" (see `build_strategy`)."""
     launcher: str
     """The launcher its ranks need: "torchrun" or "deepspeed"."""
     stage: int
@@ -52,10 +60,22 @@ class StrategyInfo:
     low_precision_states: bool = False
     """DeepSpeed keeps master weights, gradients and Adam moments in bf16 (`bf16_master_weights_and_grads`,
     `bf16_optimizer_states`) and computes under `torch_autocast` bf16, whatever the run's precision."""
+    tensor_parallel: int = 1
+    """Ranks that split every layer's matmuls (DeepSpeed AutoTP, `tensor_parallel.autotp_size`). DeepSpeed's mesh
+    is (data parallel, tensor parallel): consecutive ranks form a TP group, so on whole nodes it stays inside one."""
+    pipeline_stages: int = 1
+    """Ranks that each hold a contiguous share of the layers (torch.distributed.pipelining), consecutive ranks
+    forming one pipeline. With either degree above 1 the byte-table row applies to the parameters one rank holds,
+    and its states are sharded over the data-parallel ranks only (world / model_parallel)."""
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks one model replica spans: tensor_parallel x pipeline_stages."""
+        return self.tensor_parallel * self.pipeline_stages
 
     def state_shards(self, world_size: int, ranks_per_node: int) -> int:
-        """Ranks the model states are sharded over: one node's ranks under HSDP, else all of them."""
-        return min(ranks_per_node, world_size) if self.hierarchy == "hsdp" else world_size
+        """Ranks the model states are sharded over: one node's ranks under HSDP, else the data-parallel ranks."""
+        return min(ranks_per_node, world_size) if self.hierarchy == "hsdp" else world_size // self.model_parallel
 
     def secondary_ranks(self, world_size: int, ranks_per_node: int) -> int | None:
         """Ranks of hpZ's secondary parameter partition (None: no secondary partition). DeepSpeed makes none when
@@ -72,6 +92,13 @@ def _native(name: str, stage: int, *, backend: str | None = None, hierarchy: str
     )
 
 
+def _pipeline(name: str, stages: int) -> StrategyInfo:
+    # Each stage is a plain replica of its layers (fp32 params, grads, AdamW): the ddp row over the stage's share.
+    return StrategyInfo(
+        name, backend="pipeline", launcher="torchrun", stage=0, accounting="ddp", pipeline_stages=stages, planned=False
+    )
+
+
 def _zero(
     name: str,
     stage: int,
@@ -83,6 +110,7 @@ def _zero(
     benchable: bool = True,
     hierarchy: str = "flat",
     low_precision_states: bool = False,
+    tensor_parallel: int = 1,
 ) -> StrategyInfo:
     return StrategyInfo(
         name,
@@ -97,6 +125,7 @@ def _zero(
         zero_overrides=MappingProxyType(overrides or {}),
         planned=planned,
         benchable=benchable,
+        tensor_parallel=tensor_parallel,
     )
 
 
@@ -130,6 +159,10 @@ _ENTRIES = (
     # the node's secondary partition (zero3_hpz on the generator's config re-gathers only what outlives its
     # live-parameter budget: nothing on the benchmark's tiny models, most of an 8B model).
     _zero("zero3_hpz_release", 3, planned=False, overrides=_RELEASE, hierarchy="hpz"),
+    # Model parallelism beside data parallelism (benchmark only until the planner models them): DeepSpeed AutoTP
+    # 2-way with ZeRO-1 (ZeRO partitions over the data-parallel ranks), and a 2-stage 1F1B pipeline.
+    _zero("zero1_tp", 1, planned=False, tensor_parallel=2),
+    _pipeline("pp", 2),
 )
 STRATEGIES: Mapping[str, StrategyInfo] = MappingProxyType({info.name: info for info in _ENTRIES})
 
@@ -146,6 +179,26 @@ def check_name(name: str) -> StrategyInfo:
             f"choose from {', '.join(benchable)}",
         )
     return info
+
+
+def check_model_parallel(info: StrategyInfo, world_size: int, layers: int, kv_heads: int, tied: bool) -> None:
+    """Refuse, before any launch, a run the model-parallel backends cannot split (UserError, every problem at once):
+    ranks not a multiple of the replica's, more stages than layers, KV heads AutoTP cannot divide, a tied head a
+    pipeline would have to share between its first and last stage."""
+    problems = []
+    if world_size % info.model_parallel:
+        problems.append(UserError(f"{info.name} needs --nproc a multiple of {info.model_parallel}, got {world_size}",
+                                  f"run {info.name} with --nproc {info.model_parallel} or a multiple"))  # fmt: skip
+    if info.pipeline_stages > layers:
+        problems.append(UserError(f"{info.name} cuts the model into {info.pipeline_stages} stages: it has {layers} layers",
+                                  f"--layers {info.pipeline_stages} or more"))  # fmt: skip
+    if info.pipeline_stages > 1 and tied:
+        problems.append(UserError(f"{info.name} cannot split a model whose head is its embedding (tie_word_embeddings)",
+                                  "use a model with an untied lm_head, or leave pp out"))  # fmt: skip
+    if info.tensor_parallel > 1 and kv_heads % info.tensor_parallel:
+        problems.append(UserError(f"{info.name}: AutoTP cannot split {kv_heads} KV heads {info.tensor_parallel} ways",
+                                  f"a model whose KV heads are a multiple of {info.tensor_parallel}"))  # fmt: skip
+    raise_all(problems, "before launching")
 
 
 def build_strategy(name: str, model, options: StrategyOptions) -> Strategy:
@@ -169,7 +222,11 @@ def build_strategy(name: str, model, options: StrategyOptions) -> Strategy:
             secondary = info.secondary_ranks(options.world_size, options.ranks_per_node)
             if secondary:
                 zero["zero_hpz_partition_size"] = secondary
-            setup = ZeroSetup(info.stage, offload, zero, info.low_precision_states)
+            setup = ZeroSetup(info.stage, offload, zero, info.low_precision_states, info.tensor_parallel)
             return DeepSpeedStrategy(model, options, setup, name=name)
+        case "pipeline":
+            from zero_kit.strategies.pipeline import PipelineStrategy
+
+            return PipelineStrategy(model, options, stages=info.pipeline_stages, name=name)
         case _:
             raise ValueError(f"unknown backend {info.backend!r} for strategy {name!r}")

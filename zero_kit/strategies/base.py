@@ -32,8 +32,26 @@ class Strategy:
 
     name: str = ""
 
-    def forward_backward(self, batch: dict[str, Any], last: bool) -> float:
+    def data_split(self) -> tuple[int, int, int]:
+        """(data-parallel rank, data-parallel ranks, forward_backward calls per step): which rows of the global batch
+        this rank trains on, and in how many pieces. Pure data parallelism: its own rows, one call per micro batch.
+        Model-parallel backends override it: the ranks of one replica must see the same rows."""
+        import torch.distributed as dist
+
+        return dist.get_rank(), dist.get_world_size(), self.options.grad_accum
+
+    def forward_backward(self, batch: dict[str, Any], last: bool) -> float | None:
+        """The batch's mean loss, or None on a rank that computes no loss (a pipeline's first stage)."""
         raise NotImplementedError
+
+    def extra_record(self) -> dict[str, Any]:
+        """Backend-specific measurements for the record (a pipeline's bubble), gathered after training."""
+        return {}
+
+    def params_held(self) -> int:
+        """Parameters (elements) this rank holds of the model: all of them under data parallelism (sharding is a
+        byte question, answered by param_and_optimizer_bytes); its tensor-parallel slices or pipeline stage else."""
+        return self.n_params
 
     def step(self) -> None:
         raise NotImplementedError

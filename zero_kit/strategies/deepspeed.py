@@ -38,6 +38,8 @@ class ZeroSetup:
     offload_optimizer: str
     zero: dict[str, Any] = field(default_factory=dict)
     low_precision_states: bool = False
+    tensor_parallel: int = 1
+    """AutoTP degree (`tensor_parallel.autotp_size`); ZeRO then partitions over world / tensor_parallel ranks."""
 
 
 def ds_config_for(options: StrategyOptions, setup: ZeroSetup, hidden_size: int) -> dict[str, Any]:
@@ -45,6 +47,10 @@ def ds_config_for(options: StrategyOptions, setup: ZeroSetup, hidden_size: int) 
     - without offload the "optimizer" section is dropped and the same torch AdamW as DDP/FSDP2 is passed as a
       client optimizer: DeepSpeed's own AdamW choice (FusedAdam / CPU Adam) would make fp32 parity a test of
       optimizer kernels instead of ZeRO;
+    - with tensor parallelism each rank feeds tp times the run's micro batch (a TP group of tp ranks trains on the
+      rows tp data-parallel ranks would: the same global batch as every strategy), and a `tensor_parallel` section
+      is added. DeepSpeed's batch check counts every rank, TP ranks included (runtime/config.py: world_size is the
+      whole world when neither an mpu nor a mesh is passed), so its train_batch_size is tp x the rows trained;
     - steps_per_print is raised so DeepSpeed's periodic log does not interleave with the progress display."""
     from zero_kit.config.builder import RunAdjustments, build_ds_config
     from zero_kit.config.spec import ZeroSpec
@@ -52,11 +58,12 @@ def ds_config_for(options: StrategyOptions, setup: ZeroSetup, hidden_size: int) 
     zero = dict(setup.zero)
     hpz = zero.pop("zero_hpz_partition_size", None)
     stage, offload_optimizer, low_precision_states = setup.stage, setup.offload_optimizer, setup.low_precision_states
+    tp = setup.tensor_parallel
     spec = ZeroSpec(
         stage=stage,
         # the generator's bf16 state options are bf16 runs (--precision bf16): bf16 weights under bf16 autocast
         precision="bf16" if low_precision_states else options.precision,
-        micro_batch=options.micro_batch,
+        micro_batch=options.micro_batch * tp,
         grad_accum=options.grad_accum,
         world_size=options.world_size,
         hidden_size=hidden_size,
@@ -71,6 +78,8 @@ def ds_config_for(options: StrategyOptions, setup: ZeroSetup, hidden_size: int) 
     )
     run = RunAdjustments(client_optimizer=offload_optimizer == "none", steps_per_print=1_000_000, zero_overrides=zero)
     config = build_ds_config(spec, run)
+    if tp > 1:
+        config["tensor_parallel"] = {"autotp_size": tp}
     return config
 
 
@@ -83,11 +92,24 @@ class DeepSpeedStrategy(_Base):
         self.secondary_bytes = 0
         hidden = model.config.hidden_size
         self.config = ds_config_for(options, setup, hidden)
-        client = make_optimizer(model.parameters(), options) if setup.offload_optimizer == "none" else None
+        self.tp = setup.tensor_parallel
+        if self.tp > 1:
+            _tp_model_init(model, self.tp, options.precision)
+        # A factory, called with the parameters DeepSpeed trains: AutoTP's replacement layers' under TP.
+        client = (lambda params: make_optimizer(params, options)) if setup.offload_optimizer == "none" else None
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=self.config)
         if options.compile:
             self.engine.compile()
         self.stage = setup.stage
+
+    def data_split(self) -> tuple[int, int, int]:
+        # DeepSpeed's mesh is (data parallel, tensor parallel): a TP group is tp consecutive ranks on the same rows.
+        import torch.distributed as dist
+
+        return dist.get_rank() // self.tp, dist.get_world_size() // self.tp, self.options.grad_accum
+
+    def params_held(self) -> int:
+        return sum(p.numel() for p in self.engine.module.parameters()) if self.tp > 1 else self.n_params
 
     def forward_backward(self, batch: dict[str, Any], last: bool) -> float:
         batch = {k: v.to(self.engine.device) for k, v in batch.items()}
@@ -148,4 +170,19 @@ class DeepSpeedStrategy(_Base):
             "DeepSpeed buffers: module params (ZeRO-3: ds_tensor partitions); grad partitions; fp32 master partitions "
             "+ Adam; buckets and ZeRO-3 persistent params left out (buffers)"
             + ("; params include hpZ's secondary partitions, read before the last step" if self.secondary_bytes else "")
+            + (
+                f"; AutoTP {self.tp}-way: params are this rank's slices plus the replicated layers"
+                if self.tp > 1
+                else ""
+            )
         )
+
+
+def _tp_model_init(model, tp: int, precision: str) -> None:
+    """AutoTP's training entry. DeepSpeed 0.18 replaces the layers here (deepspeed.initialize only sets up the groups);
+    0.19 records the arguments and replaces them inside deepspeed.initialize from the config's tensor_parallel."""
+    import deepspeed
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    deepspeed.tp_model_init(model, tp_size=tp, dtype=dtype)
