@@ -45,6 +45,8 @@ def test_build_directory_is_per_environment_unless_the_user_chose_one(monkeypatc
     assert ops.extensions_dir({"TORCH_EXTENSIONS_DIR": "/mine"}) == Path("/mine")
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     assert ops.use_extensions_dir() == default and os.environ["TORCH_EXTENSIONS_DIR"] == str(default)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "")  # torch would build into the current directory
+    assert ops.use_extensions_dir() == default and os.environ["TORCH_EXTENSIONS_DIR"] == str(default)
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/mine")
     ops.use_extensions_dir()
     assert os.environ["TORCH_EXTENSIONS_DIR"] == "/mine"

@@ -60,9 +60,11 @@ def extensions_dir(environ: dict[str, str] | None = None) -> Path:
 
 def use_extensions_dir() -> Path:
     """Set TORCH_EXTENSIONS_DIR for this process and every rank it starts (hostfile ranks get it through the env
-    file: launch.hostfile forwards TORCH_*), unless the user chose one."""
+    file: launch.hostfile forwards TORCH_*), unless the user chose one.
+    Set but empty counts as unset: torch would build into the current directory."""
     path = extensions_dir()
-    os.environ.setdefault(ENV, str(path))
+    if not os.environ.get(ENV):
+        os.environ[ENV] = str(path)
     return path
 
 
