@@ -252,6 +252,8 @@ def write_report(result: dict, rates: list[str], out: Path) -> str:
     first = next(r["record"] for r in result["rows"] if r["record"])
     text = (f"# Two hosts x {first['ranks_per_node']} ranks, link uncapped and capped\n\nCommands:\n\n"
             + "".join(f"    {command}\n" for command in result["commands"]) + "\n"
+            "## Summary: loss, state bytes, inter-node bytes, step time (loss: the largest fp32 difference from ddp "
+            "over every step and rate)\n\n" + summary_table(result, rates) + "\n"
             "## Bytes per step by link tier (ring model, all ranks; veth tx: the kernel's count per step of the "
             "whole run, start-up included)\n\n" + bytes_table(result, rates)
             + "\n## What each gloo collective sends over the veth (benchmarks/link_cap/probe.py --wire, 2 hosts x 2 "
