@@ -20,9 +20,10 @@ from pathlib import Path
 
 from benchmarks.link_cap.plots import plot_bytes, plot_predicted
 from zero_kit.bench.report import annotate, predicted_comm
-from zero_kit.plan.calibration import calibrate, layout_of
+from zero_kit.plan.calibration import calibrate, layout_of, record_step
+from zero_kit.plan.parallel import parallel_collectives, record_layout
 from zero_kit.plan.rates import Rates
-from zero_kit.plan.timing import on_the_wire, step_time
+from zero_kit.plan.timing import on_the_wire
 from zero_kit.plan.traffic import collectives, tier_bytes
 from zero_kit.plan.workload import from_record
 from zero_kit.strategies import STRATEGIES
@@ -77,7 +78,18 @@ def predict_rows(result: dict) -> None:
 
 
 def predict(record: dict, rates: Rates) -> float:
-    return step_time(STRATEGIES[record["strategy"]], from_record(record), layout_of(record), rates).step_s
+    """The planner's step: zero_kit.plan.timing, or for zero1_tp / pp zero_kit.plan.parallel_options (TP's
+    all-reduces, the pipeline's bubble and activations)."""
+    return record_step(record, rates).step_s
+
+
+def record_collectives(record: dict) -> list:
+    """The planner's collectives of one step of this record (data-parallel, or a tensor/pipeline layout's)."""
+    info, layout = STRATEGIES[record["strategy"]], layout_of(record)
+    if info.model_parallel > 1:
+        parallel, work = record_layout(record)
+        return parallel_collectives(work, parallel, layout.world_size)
+    return collectives(info, from_record(record), layout.gpus_per_node)
 
 
 def tiers(record: dict) -> tuple[dict, dict]:
@@ -116,10 +128,9 @@ def bytes_table(result: dict, rates: list[str]) -> str:
 
 def gloo_wire(record: dict) -> float:
     """Inter-node bytes per step, all ranks, as gloo sends them (its reduce-scatter is an all-reduce)."""
-    layout, work = layout_of(record), from_record(record)
-    per_node = layout.gpus_per_node
-    return sum(tier_bytes(on_the_wire(c, "gloo"), layout.nodes, per_node).inter_node
-               for c in collectives(STRATEGIES[record["strategy"]], work, per_node))  # fmt: skip
+    layout = layout_of(record)
+    return sum(tier_bytes(on_the_wire(c, "gloo"), layout.nodes, layout.gpus_per_node).inter_node
+               for c in record_collectives(record))  # fmt: skip
 
 
 def wire_table(result: dict) -> str:
@@ -160,6 +171,34 @@ def time_table(result: dict, rates: list[str]) -> str:
             row = by[(name, rate)]
             ok = base and row["record"]
             cells.append(f"{row['record']['step_time_s'] / base['step_time_s']:.2f}x" if ok else "-")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_table(result: dict, rates: list[str]) -> str:
+    """One line per strategy (issue 26's table): fp32 loss against DDP, model-state bytes of the fullest rank,
+    inter-node bytes counted vs planned, and the step time at every rate, measured vs the planner (+ overhead)."""
+    by = {(r["strategy"], r["rate"]): r for r in result["rows"]}
+    heads = " | ".join(f"step s at {rate}: measured / planner + overhead (error)" for rate in rates)
+    lines = ["| strategy | max abs loss diff vs ddp | state MiB/rank, fullest: measured (planned) | inter-node "
+             f"MiB/step, all ranks: counted (planned) | {heads} |", "|---|---|---|---|" + "---|" * len(rates)]  # fmt: skip
+    for name in dict.fromkeys(r["strategy"] for r in result["rows"]):
+        records = [by[(name, rate)]["record"] for rate in rates if by[(name, rate)]["record"]]
+        if not records:
+            lines.append(f"| {name} | FAILED | | |" + " |" * len(rates))
+            continue
+        first, state = records[0], records[0]["model_state_bytes_per_rank"]
+        planned = (state.get("predicted") or {}).get("all_ranks_total") or [0]
+        diffs = [r.get("max_abs_loss_diff_vs_ddp") for r in records if r.get("max_abs_loss_diff_vs_ddp") is not None]
+        counted, tier_plan = tiers(first)
+        cells = [f"{max(diffs):.1e}" if diffs else "-",
+                 f"{_mib(max(rank['total'] for rank in state['all_ranks']))} ({_mib(max(planned))})",
+                 f"{_mib(counted['inter_node'])} ({_mib(tier_plan['inter_node'])})"]  # fmt: skip
+        for rate in rates:
+            row = by[(name, rate)]
+            guess = row.get("predicted_with_overhead_s", row.get("predicted_step_s"))
+            measured = row["record"]["step_time_s"] if row["record"] else None
+            cells.append(f"{measured:.3f} / {guess:.3f} ({guess / measured - 1:+.0%})" if measured else "FAILED")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -213,6 +252,8 @@ def write_report(result: dict, rates: list[str], out: Path) -> str:
     first = next(r["record"] for r in result["rows"] if r["record"])
     text = (f"# Two hosts x {first['ranks_per_node']} ranks, link uncapped and capped\n\nCommands:\n\n"
             + "".join(f"    {command}\n" for command in result["commands"]) + "\n"
+            "## Summary: loss, state bytes, inter-node bytes, step time (loss: the largest fp32 difference from ddp "
+            "over every step and rate)\n\n" + summary_table(result, rates) + "\n"
             "## Bytes per step by link tier (ring model, all ranks; veth tx: the kernel's count per step of the "
             "whole run, start-up included)\n\n" + bytes_table(result, rates)
             + "\n## What each gloo collective sends over the veth (benchmarks/link_cap/probe.py --wire, 2 hosts x 2 "

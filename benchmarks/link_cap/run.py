@@ -49,6 +49,19 @@ def bench_options(out: Path, steps: int, **size) -> BenchOptions:
                         **size)  # fmt: skip
 
 
+def strategy_options(name: str, opts: BenchOptions) -> BenchOptions:
+    """pp trains the same global batch in micro batches of micro / stages rows, accumulated stages times: m = 2 x
+    stages micro batches per step. At m = stages (the run's own micro batch, no accumulation) torch's Schedule1F1B
+    over DDP-wrapped stages fails its second step (reducer.cpp: "rebuilt parameter indices size is not same as
+    original model parameters size", torch 2.13, 2 stages x 2 data-parallel ranks)."""
+    from zero_kit.strategies import STRATEGIES
+
+    stages = STRATEGIES[name].pipeline_stages
+    if stages == 1:
+        return opts
+    return dataclasses.replace(opts, micro_batch=opts.micro_batch // stages, grad_accum=opts.grad_accum * stages)
+
+
 def probe(argv_prefix: list[str], launch: list[str], log: Path) -> dict:
     """One run of benchmarks.link_cap.probe; `argv_prefix` puts it into a namespace (or not)."""
     fd, result = tempfile.mkstemp(suffix=".json", dir=log.parent)
@@ -109,7 +122,12 @@ def calibrate(opts: BenchOptions, out: Path, port: int = ONE_HOST_PORT, strategi
     one = dataclasses.replace(opts, strategies=strategies, nproc=2 * PER_HOST, gpus_per_node=PER_HOST,
                               master_port=port, out=str(out / "one_host"))  # fmt: skip
     _print(f"one host, 4 ranks: {strategies}")
-    records = run_bench(one, progress=lambda line: None)
+    names = strategies.split(",")
+    plain = [name for name in names if strategy_options(name, one) is one]
+    records = run_bench(dataclasses.replace(one, strategies=",".join(plain)), progress=lambda line: None)
+    for name in (name for name in names if name not in plain):  # its own batch split: its own bench run
+        own = dataclasses.replace(strategy_options(name, one), strategies=name, out=str(out / "one_host" / name))
+        records += run_bench(own, progress=lambda line: None)
     failed = [r for r in records if r.get("failed")]
     if failed:
         raise RuntimeError(f"one-host {failed[0]['strategy']} failed: {failed[0].get('log_tail')}")
@@ -133,7 +151,7 @@ def run(strategies: list[str], rates: list[str], opts: BenchOptions, out: Path, 
             _print(f"veth probe at {rate}: {probes[rate]['bytes_per_s'] / 1e6:.1f} MB/s")
             for name in strategies:
                 before = wire_tx_bytes(hosts)
-                record = run_two_hosts(name, dataclasses.replace(opts, master_port=port), hosts,
+                record = run_two_hosts(name, strategy_options(name, dataclasses.replace(opts, master_port=port)), hosts,
                                        out / "logs" / rate, _print)  # fmt: skip
                 port += 1
                 wire = [b - a for a, b in zip(before, wire_tx_bytes(hosts), strict=True)]

@@ -12,7 +12,7 @@ import pytest
 
 from zero_kit.cli import main
 from zero_kit.plan import Hardware, LlamaShape, Workload
-from zero_kit.plan.calibration import Calibration, applies_to, apply, calibrate
+from zero_kit.plan.calibration import Calibration, applies_to, apply, calibrate, record_step
 from zero_kit.plan.rates import GBIT, Rates
 from zero_kit.plan.timing import step_time
 from zero_kit.strategies import STRATEGIES
@@ -95,6 +95,25 @@ def test_calibrate_takes_ddp_comm_off_and_measures_each_overhead():
     for strategy, measured in (("ddp", 1.0), ("zero2", 1.5), ("fsdp", 0.9)):  # the model reproduces its records
         two_ranks = Hardware(gpu_mem=0, gpus_per_node=2, nodes=1)
         assert step_time(STRATEGIES[strategy], found.work, two_ranks, calibrated).step_s == pytest.approx(measured)
+
+
+def test_tensor_and_pipeline_records_are_timed_and_calibrated_through_their_layouts():
+    rates = _rates(intra_bytes_per_s=1e8)
+    records = [_record("ddp", 1.0), _record("zero1_tp", 1.4), _record("pp", 2.0)]
+    found = calibrate(records, "hand.jsonl", rates)
+    calibrated = apply(found, rates, found.work)
+    plain = replace(calibrated, overhead_s={})
+    ddp, tp, pp = (record_step(r, plain) for r in records)
+    # pp: one replica of 2 stages trains both ranks' rows as m = 2 micro batches of 1 row: each stage computes half
+    # the model for 2 rows over m + p - 1 = 3 slots, 1.5x a DDP rank's step, a third of it idle
+    assert pp.compute_s == pytest.approx(1.5 * ddp.compute_s) and pp.bubble_s == pytest.approx(0.5 * ddp.compute_s)
+    assert {c.collective.group for c in pp.comms} == {"pp"}
+    # zero1_tp: the tp pair trains 2 rows at once, half the model each; one replica, so no data-parallel sync
+    assert tp.compute_s == pytest.approx(ddp.compute_s)
+    assert {c.collective.group for c in tp.comms} == {"tp"}
+    assert set(found.overhead_s) == {"ddp", "zero1_tp", "pp"}
+    for record in records:  # the calibrated model reproduces each record, through its own layout
+        assert record_step(record, calibrated).step_s == pytest.approx(record["step_time_s"])
 
 
 def test_calibrate_refuses_records_without_a_base_and_keeps_other_models_out():

@@ -73,16 +73,10 @@ def predicted_state(record: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def model_parallel_layout(info, record: dict[str, Any]):
-    """The planner's Layout and Workload of a tensor- or pipeline-parallel record (zero_kit.plan.parallel): a
-    replica (tp x pp ranks) trains micro x accum x tp x pp rows per step, tp x micro rows per micro batch."""
-    from dataclasses import replace
+    """The planner's Layout and Workload of a tensor- or pipeline-parallel record (zero_kit.plan.parallel)."""
+    from zero_kit.plan.parallel import record_layout
 
-    from zero_kit.plan.parallel import Layout
-    from zero_kit.plan.workload import from_record
-
-    tp, pp, batch = info.tensor_parallel, info.pipeline_stages, record["batch"]
-    layout = Layout(tp=tp, pp=pp, micro_batches=batch["grad_accum"] * pp, base=info.accounting)
-    return layout, replace(from_record(record), micro_batch=batch["micro"] * tp)
+    return record_layout({**record, "strategy": info.name})
 
 
 def _predicted_model_parallel(info, record: dict[str, Any]) -> dict[str, Any]:

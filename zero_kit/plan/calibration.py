@@ -21,8 +21,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from zero_kit.plan.memory import Hardware
+from zero_kit.plan.parallel import record_layout
+from zero_kit.plan.parallel_options import parallel_step_time
 from zero_kit.plan.rates import Rates
-from zero_kit.plan.timing import compute_seconds, step_time
+from zero_kit.plan.timing import StepTime, compute_seconds, step_time
 from zero_kit.plan.workload import Workload, from_record
 from zero_kit.strategies import STRATEGIES
 
@@ -67,9 +69,19 @@ def calibrate(records: list[dict], origin: str, rates: Rates) -> Calibration | N
     return Calibration(flops, source, overheads, work)
 
 
+def record_step(record: dict[str, Any], rates: Rates) -> StepTime:
+    """The model's step for a bench record at its own layout; a tensor- or pipeline-parallel strategy's through
+    zero_kit.plan.parallel_options (its calibrated overhead, if `rates` has one, by the strategy's name)."""
+    info = STRATEGIES[record["strategy"]]
+    if info.model_parallel > 1:
+        layout, work = record_layout(record)
+        return parallel_step_time(layout, work, layout_of(record), rates, rates.overhead_s.get(info.name, 0.0))
+    return step_time(info, from_record(record), layout_of(record), rates)
+
+
 def _overhead(record: dict, rates: Rates) -> float:
     """The overhead that makes the model reproduce `record` (module doc)."""
-    model = step_time(STRATEGIES[record["strategy"]], from_record(record), layout_of(record), rates)
+    model = record_step(record, rates)
     beyond = record["step_time_s"] - model.step_s
     if beyond <= 1e-9 * record["step_time_s"]:  # faster than the model, or the base record (rounding)
         return min(beyond, 0.0)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from zero_kit.plan.accounting import DTYPE_BYTES, StateBytes, model_state_bytes
 from zero_kit.plan.shapes import LlamaShape
 from zero_kit.plan.traffic import Collective, collectives
-from zero_kit.plan.workload import Workload
+from zero_kit.plan.workload import Workload, from_record
 from zero_kit.strategies import STRATEGIES
 
 BASES = ("ddp", "zero0", "zero1", "zero2", "zero3", "fsdp")
@@ -238,3 +238,12 @@ def parallel_activation_terms(work: Workload, layout: Layout) -> Terms:
     if layout.pp == 1:
         return first | dict(list(last.items())[1:])
     return max(first, last, key=lambda terms: sum(v for v, _ in terms.values()))
+
+
+def record_layout(record: dict) -> tuple[Layout, Workload]:
+    """The Layout and Workload of a tensor- or pipeline-parallel `zero-kit bench` record: a replica (tp x pp ranks)
+    trains micro x accum x tp x pp rows per step, tp x micro rows per micro batch, the byte table's row over dp."""
+    info = STRATEGIES[record["strategy"]]
+    tp, pp, batch = info.tensor_parallel, info.pipeline_stages, record["batch"]
+    layout = Layout(tp=tp, pp=pp, micro_batches=batch["grad_accum"] * pp, base=info.accounting)
+    return layout, replace(from_record(record), micro_batch=batch["micro"] * tp)

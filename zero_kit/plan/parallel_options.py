@@ -133,7 +133,14 @@ def evaluate_layout(layout: Layout, work: Workload, hardware: Hardware) -> Optio
 
 def layout_step_time(option: Option, work: Workload, hardware: Hardware, rates: Rates) -> StepTime:
     """Predicted seconds per step of a layout option (module doc)."""
-    layout = option.layout
+    return parallel_step_time(option.layout, work, hardware, rates)
+
+
+def parallel_step_time(
+    layout: Layout, work: Workload, hardware: Hardware, rates: Rates, overhead_s: float = 0.0
+) -> StepTime:
+    """Predicted seconds per step of `layout` (module doc); `overhead_s`: a calibrated framework overhead per step
+    (zero_kit.plan.calibration), overlapping the link waits as a flat strategy's does (zero_kit.plan.timing)."""
     m, model_ranks = layout.micro_batches, layout.tp * layout.pp
     ideal = compute_seconds(work, rates) * m / model_ranks
     compute = ideal * (m + layout.pp - 1) / m
@@ -144,8 +151,10 @@ def layout_step_time(option: Option, work: Workload, hardware: Hardware, rates: 
     terms["compute"] = compute
     for c in comms:
         terms[c.tier] += c.seconds
+    terms["overhead"] = overhead_s
     tokens = work.micro_batch * work.seq_len * m * layout.dp(hardware.world_size)
-    return StepTime(compute, comms, hidden, tokens_per_step=tokens, terms=terms, bubble_s=compute - ideal)
+    return StepTime(compute, comms, hidden, overhead_s=overhead_s, tokens_per_step=tokens, terms=terms,
+                    bubble_s=compute - ideal)  # fmt: skip
 
 
 def layout_reasons(best: Option, options: list[Option], work: Workload, hardware: Hardware) -> list[str]:
