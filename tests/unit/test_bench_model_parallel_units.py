@@ -51,7 +51,10 @@ def test_a_send_counts_its_bytes_once_toward_its_receiver():
 
 def test_the_bench_refuses_splits_the_backends_cannot_make_before_launching():
     pp, tp = STRATEGIES["pp"], STRATEGIES["zero1_tp"]
-    check_model_parallel(pp, 4, 2, 2, False)  # PP2 x DP2
+    check_model_parallel(pp, 4, 2, 2, False, grad_accum=2)  # PP2 x DP2, 4 micro-batches
+    with pytest.raises(UserError, match="gets only 2 micro-batches, one per stage") as refused:
+        check_model_parallel(pp, 4, 2, 2, False)  # PP2 x DP2 at grad_accum 1: DDP's reducer fails on step 2
+    assert "--grad-accum 2 or more" in refused.value.fix
     check_model_parallel(tp, 2, 2, 2, False)
     with pytest.raises(UserError) as refused:
         check_model_parallel(pp, 3, 1, 2, True)

@@ -73,7 +73,7 @@ def run_bench(opts: BenchOptions, progress=None) -> list[dict]:
     where = place(opts, dict(os.environ))
     for info in infos:
         check_model_parallel(info, where.nodes * where.ranks_per_node, config.num_hidden_layers,
-                             config.num_key_value_heads, bool(config.tie_word_embeddings))  # fmt: skip
+                             config.num_key_value_heads, bool(config.tie_word_embeddings), opts.grad_accum)  # fmt: skip
     out_dir = Path(opts.out)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))

@@ -181,11 +181,20 @@ def check_name(name: str) -> StrategyInfo:
     return info
 
 
-def check_model_parallel(info: StrategyInfo, world_size: int, layers: int, kv_heads: int, tied: bool) -> None:
+def check_model_parallel(
+    info: StrategyInfo, world_size: int, layers: int, kv_heads: int, tied: bool, grad_accum: int = 1
+) -> None:
     """Refuse, before any launch, a run the model-parallel backends cannot split (UserError, every problem at once):
     ranks not a multiple of the replica's, more stages than layers, KV heads AutoTP cannot divide, a tied head a
-    pipeline would have to share between its first and last stage."""
+    pipeline would have to share between its first and last stage, a pipeline with data parallelism and only as many
+    micro-batches as stages (each replica's rows make grad_accum x stages micro-batches; at grad_accum 1 torch
+    2.13's DDP reducer fails on the second step: "rebuilt parameter indices size is not same as original")."""
     problems = []
+    replicas = world_size // info.model_parallel if world_size % info.model_parallel == 0 else 0
+    if info.pipeline_stages > 1 and replicas > 1 and grad_accum < 2:
+        problems.append(UserError(f"{info.name} on {world_size} ranks ({replicas} data-parallel replicas) gets only "
+                                  f"{info.pipeline_stages} micro-batches, one per stage: DDP inside the stages fails then",
+                                  "--grad-accum 2 or more (with --micro-batch halved, the same global batch)"))  # fmt: skip
     if world_size % info.model_parallel:
         problems.append(UserError(f"{info.name} needs --nproc a multiple of {info.model_parallel}, got {world_size}",
                                   f"run {info.name} with --nproc {info.model_parallel} or a multiple"))  # fmt: skip
