@@ -95,8 +95,12 @@ class DeepSpeedStrategy(_Base):
         self.tp = setup.tensor_parallel
         if self.tp > 1:
             _tp_model_init(model, self.tp, options.precision)
-        # A factory, called with the parameters DeepSpeed trains: AutoTP's replacement layers' under TP.
-        client = (lambda params: make_optimizer(params, options)) if setup.offload_optimizer == "none" else None
+        client = None
+        if setup.offload_optimizer == "none" and self.tp > 1:
+            # a factory, called with the parameters DeepSpeed trains: AutoTP's replacement layers'
+            client = lambda params: make_optimizer(params, options)  # noqa: E731
+        elif setup.offload_optimizer == "none":  # the optimizer object, as DDP and FSDP2 get it
+            client = make_optimizer(model.parameters(), options)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=self.config)
         if options.compile:
             self.engine.compile()
