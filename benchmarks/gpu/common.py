@@ -38,7 +38,7 @@ class Context:
     versions: dict[str, Any]
     hardware: dict[str, Any]
     results: dict[str, dict] = field(default_factory=dict)
-    next_port: int = 29800
+    next_port: int = 29880  # 29880-29949: no other launcher test's ports (tests/dist run two at a time)
     throughput: list[str] | None = None  # the throughput part's strategies (None: parts_bench.THROUGHPUT)
 
     def remaining(self) -> float:

@@ -26,7 +26,7 @@ from tests.support.runs import assert_bitwise_equal, files_in, log_records, logg
 from zero_kit.train import checkpoint
 from zero_kit.train.options import EXIT_PREEMPTED
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.serial]  # kills and bounded stop times: never beside another test
 STOP_BOUND_S = 60  # deepspeed's launcher polls ranks every 1 s, then gives survivors 30 s after SIGTERM
 TIMEOUT_S = 300
 

@@ -14,7 +14,7 @@ from tests.support.jobs import FAST, env, zero_kit
 from zero_kit.train import checkpoint
 from zero_kit.train.preflight import HOST_MEM_ENV
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.serial]  # a full disk and its timing: never beside another test
 
 
 @contextmanager

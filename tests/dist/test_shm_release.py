@@ -20,6 +20,7 @@ PROBE = Path(__file__).with_name("shm_release_probe.py")
 
 
 @pytest.mark.dist
+@pytest.mark.serial  # counts every /dev/shm file: never beside another test
 def test_the_shm_ops_files_are_gone_once_every_rank_mapped_them(tmp_path):
     port = str(free_port())
     deepspeed = Path(sys.executable).with_name("deepspeed")

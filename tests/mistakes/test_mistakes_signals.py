@@ -24,7 +24,7 @@ from tests.support.jobs import FAST, env, kill_group, start, survivors, wait_for
 from tests.support.runs import logged_steps, pointer, resumed_from
 from zero_kit.train.options import EXIT_PREEMPTED
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.serial]  # signals and bounded stop times: never beside another test
 STOP_S = 60  # from the signal to the command's exit: one step, one small save, the launcher's 1 s poll
 TIMEOUT_S = 300
 # (case, signal, to the whole process group, exit code, the last line starts with)
