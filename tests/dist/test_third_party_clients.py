@@ -23,7 +23,9 @@ from tests.support.jobs import VENV_BIN, env, run, zero_kit
 from tests.support.runs import load_safetensors_dir
 from zero_kit.model import load_model, load_tokenizer
 
-pytestmark = pytest.mark.dist
+# serial: a rank of `trl sft` on ZeRO-3 aborted at exit ("terminate called without an active exception", after
+# training and its save) when another launcher test shared the 2 cores (CI run of d0fb5c3); never seen alone.
+pytestmark = [pytest.mark.dist, pytest.mark.serial]
 ASSETS = Path(__file__).resolve().parents[2] / "zero_kit" / "assets" / "data"
 SCRIPT = Path(__file__).with_name("hf_trainer_script.py")
 CONFIGS = {
