@@ -39,6 +39,15 @@ setup(
     # tensorboard: `zero-kit train --report-to tensorboard` is tested by reading its event files back.
     # trl: a real third-party client of the generated configs (tests/dist/test_third_party_clients.py runs `trl sft`);
     # 0.29.1 is the newest TRL whose requirements admit constraints/oldest.txt (1.x needs datasets>=4.7).
-    extras_require={"dev": ["pytest>=8", "pytest-xdist>=3.5", "ruff>=0.6", "hypothesis>=6.100", "tensorboard>=2.14", "trl>=0.29.1,<2"]},
+    extras_require={
+        "dev": [
+            "pytest>=8",
+            "pytest-xdist>=3.5",
+            "ruff>=0.6",
+            "hypothesis>=6.100",
+            "tensorboard>=2.14",
+            "trl>=0.29.1,<2",
+        ]
+    },
     entry_points={"console_scripts": ["zero-kit=zero_kit.cli:console"]},
 )
