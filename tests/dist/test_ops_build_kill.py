@@ -18,7 +18,8 @@ import pytest
 
 from tests.support.jobs import env, start, wait_for
 
-pytestmark = [pytest.mark.dist, pytest.mark.serial]  # kills an op build midway and times the next one: never beside another test
+# serial: kills an op build midway and times the next one; never beside another test
+pytestmark = [pytest.mark.dist, pytest.mark.serial]
 PROBE = Path(__file__).with_name("tiny_op_build.py")
 
 

@@ -16,7 +16,8 @@ from tests.support.jobs import kill_group, survivors, wait_for
 from tests.support.runs import logged_steps
 from zero_kit.watchdog import EXIT_STALLED, KILL_GRACE_S, POLL_S
 
-pytestmark = [pytest.mark.dist, pytest.mark.serial]  # stall timeouts measured in wall time: never beside another test
+# serial: stall timeouts measured in wall time; never beside another test
+pytestmark = [pytest.mark.dist, pytest.mark.serial]
 STALL_S = 15
 # Detection polls every POLL_S, the frozen rank's guardian waits KILL_GRACE_S for it, then the launchers react.
 MARGIN_S = 2 * POLL_S + KILL_GRACE_S + 15

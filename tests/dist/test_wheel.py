@@ -56,7 +56,8 @@ def _install(wheel: Path, target: Path) -> None:
 def _user_env(target: Path) -> dict:
     """What a user's shell has: the wheel's scripts first, its package before anything else on the path (this job's
     editable install of the checkout is an import hook that Python asks only after the path), the libraries of this
-    environment; DeepSpeed's ops from the build directory the suite prepared (TORCH_EXTENSIONS_DIR, tests/conftest.py)."""
+    environment; DeepSpeed's ops from the build directory the suite prepared (TORCH_EXTENSIONS_DIR,
+    tests/conftest.py)."""
     env = _outside_env()
     path = os.pathsep.join([str(target / "bin"), str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update(PATH=path, PYTHONPATH=str(target), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1")
