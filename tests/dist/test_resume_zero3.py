@@ -51,6 +51,7 @@ def test_start_up_is_recorded_by_stage_with_threads_per_rank(uninterrupted):
     assert record["stages_s"]["launch"] > 0  # the parent and its launcher ran before the rank's process started
     assert record["time_to_first_step_s"] == pytest.approx(sum(record["stages_s"].values()), abs=0.01)
     assert record["rss_mib_after"]["data"] > 0 and record["peak_rss_mib"] >= record["rss_mib_after"]["data"]
+    assert 0 < record["private_mib_after"]["data"] < record["rss_mib_after"]["data"]
     threads = max(1, len(os.sched_getaffinity(0)) // 2)
     assert record["threads"] == {"OMP_NUM_THREADS": str(threads), "torch": threads}
     output = (uninterrupted / "output.txt").read_text()

@@ -76,6 +76,23 @@ def test_a_second_preparation_reuses_the_entry_and_tokenizes_nothing(tmp_path, t
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [first.path.name, f"{first.path.name}.lock"]
 
 
+def test_an_entry_holds_few_large_record_batches(tmp_path, tokenizer, monkeypatch):
+    """Each rank that maps an entry reads every record batch's header, and each read maps ~64 KiB of the file into
+    it: an entry is written in ROWS_PER_BATCH-row batches (save_to_disk's 1,000-row batches held 66 MiB of every
+    rank's memory at 1M rows)."""
+    import pyarrow
+
+    data = _data(tmp_path / "d.jsonl", 2500)
+    monkeypatch.setattr(cache, "ROWS_PER_BATCH", 1024)
+    loaders = Counting(data, tokenizer)
+    entry = prepared(_spec(data), tmp_path / "cache", loaders.rows, loaders.tokenizer)
+    with pyarrow.memory_map(str(entry.path / cache.SPLITS["train"])) as mapped:
+        batches = [batch.num_rows for batch in pyarrow.ipc.open_stream(mapped)]
+    assert batches == [1024, 1024, 452]
+    reference, _ = tokenize_dataset(load_dataset_rows([data], "alpaca"), tokenizer, "alpaca", 64, skip_bad=False)
+    assert entry.load()[0][:] == reference[:]  # every row, in order
+
+
 def test_every_input_alone_changes_the_key(tmp_path, monkeypatch):
     data = _data(tmp_path / "d.jsonl")
     tokenizer_dir = tmp_path / "tok"

@@ -47,6 +47,15 @@ def test_each_stage_runs_from_the_end_of_the_one_before():
     assert clock.line().startswith("zero-kit train: time to first step 26.0 s (launch 3.0 s, imports 7.0 s,")
 
 
+def test_each_mark_records_resident_and_private_memory():
+    """Private (anonymous) bytes apart from the resident total: the rest is shared file pages (libraries, the
+    memory-mapped data), one copy on the host for every rank."""
+    clock = StartupClock(command=100.0, process=100.0)
+    clock.mark("imports")
+    record = clock.record()
+    assert 0 < record["private_mib_after"]["imports"] < record["rss_mib_after"]["imports"]
+
+
 def test_a_relaunchs_ranks_continue_the_parents_clock(monkeypatch):
     parent = StartupClock(command=100.0, process=100.0)
     parent.marks.append(("prepare", 104.5))  # the parent prepared the data before starting the launcher

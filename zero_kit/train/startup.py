@@ -77,6 +77,9 @@ class StartupClock:
         self.marks.append(("launch", process_start() if process is None else process))
         self.rss: dict[str, int] = {}
         """Resident bytes of this process at the end of each stage: the data stage's growth is the data's cost."""
+        self.private: dict[str, int] = {}
+        """Of them, the anonymous (private) bytes: the rest is file pages (libraries, memory-mapped data) that every
+        process mapping the same file shares, one copy in the host's page cache."""
 
     def mark(self, stage: str) -> None:
         import psutil
@@ -86,6 +89,9 @@ class StartupClock:
         if stage not in self.done():
             self.marks.append((stage, time.time()))
             self.rss[stage] = psutil.Process().memory_info().rss
+            anon = _private_bytes()
+            if anon is not None:
+                self.private[stage] = anon
 
     def done(self) -> list[str]:
         return [stage for stage, _ in self.marks]
@@ -104,13 +110,15 @@ class StartupClock:
             "time_to_first_step_s": round(sum(stages.values()), 3),
             "stages_s": stages,
             "rss_mib_after": {stage: round(rss / mib, 1) for stage, rss in self.rss.items()},
+            "private_mib_after": {stage: round(anon / mib, 1) for stage, anon in self.private.items()},
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
             "threads": {
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
                 "torch": torch.get_num_threads() if torch else None,
             },  # fmt: skip
             "measured": "rank 0: wall clock from the command's start, each stage from the end of the one before; "
-            "resident memory of this rank's process at each stage's end and its peak (getrusage)",
+            "resident memory of this rank's process at each stage's end (of it private: RssAnon) and its peak "
+            "(getrusage)",
         }
 
     def line(self) -> str:
@@ -131,12 +139,25 @@ class StartupClock:
         return {STARTED_ENV: repr(self.command), **({PREPARED_ENV: repr(prepared[0])} if prepared else {})}
 
     def imports(self) -> None:
-        """Load the heavy libraries now, so that their cost is one stage and not spread over the others."""
+        """Load the heavy libraries now, so that their cost is one stage and not spread over the others. The
+        Trainer's module imports accelerate and `datasets` (the data stage then holds only the data's cost)."""
         import deepspeed  # noqa: F401
         import torch  # noqa: F401
-        import transformers  # noqa: F401
+        from transformers import Trainer  # noqa: F401
 
         self.mark("imports")
+
+
+def _private_bytes() -> int | None:
+    """This process's anonymous resident bytes (Linux /proc/self/status RssAnon); None elsewhere."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def milestones(clock: StartupClock, beat: Callable[[], None]) -> Callable[[str], None]:
