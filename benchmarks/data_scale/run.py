@@ -90,9 +90,10 @@ def _summary(result: dict) -> str:
 def table(record: dict) -> str:
     """The markdown table of a results JSON: per size, each side's first and second start."""
     lines = [
-        "| rows | start | zero_kit: time to first step | of it: prepare + data | peak RSS per rank | CPU s per rank "
+        "| rows | start | zero_kit: time to first step | of it: prepare + data | peak RSS per rank "
+        "| data stage, rank 0: + resident / + private | CPU s per rank "
         "| LLaMA-Factory: preprocessing | its imports | its peak RSS (main / largest worker) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for rows, entry in record["sizes"].items():
         for start in ("first", "second"):
@@ -103,10 +104,29 @@ def table(record: dict) -> str:
             data = stages.get("prepare", 0) + stages.get("data", 0) if stages else None
             lines.append(
                 f"| {int(rows):,} | {start} | {_s(ttfs)} | {_s(data)} | {_list(ours.get('peak_rss_mib_per_rank'), 'MiB')} "
-                f"| {_list(ours.get('cpu_s_per_rank'), 's')} | {_s(peer.get('preprocess_s'))} | {_s(peer.get('imports_s'))} "
+                f"| {_data_growth(ours.get('startup') or {})} | {_list(ours.get('cpu_s_per_rank'), 's')} | {_s(peer.get('preprocess_s'))} | {_s(peer.get('imports_s'))} "
                 f"| {_list([peer.get('peak_rss_mib'), peer.get('peak_rss_mib_largest_worker')], 'MiB')} |"
             )
     return "\n".join(lines)
+
+
+def merged(paths: list[str]) -> dict:
+    """Results files of one study (say a zero_kit side and a peer side run apart) as one record, size by size."""
+    record: dict = {"sizes": {}}
+    for path in paths:
+        for rows, entry in json.loads(Path(path).read_text())["sizes"].items():
+            record["sizes"].setdefault(rows, {}).update(entry)
+    return record
+
+
+def _data_growth(startup: dict) -> str:
+    """Rank 0's memory growth over the data stage (from the model stage's end): resident, and of it private (the
+    rest is file pages: the memory-mapped entry, shared by the ranks)."""
+    growth = []
+    for key in ("rss_mib_after", "private_mib_after"):
+        after = startup.get(key) or {}
+        growth.append(f"+{after['data'] - after['model']:.0f}" if {"data", "model"} <= after.keys() else "-")
+    return " / ".join(growth) + " MiB"
 
 
 def _s(value) -> str:
@@ -125,10 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-python", default="build/venv-peer/bin/python", help="the peer venv's python")
     parser.add_argument("--work", default="build/data_scale", help="rows, runs and caches (deleted by hand)")
     parser.add_argument("--out", default=str(HERE / "results"), help="where the JSON goes")
-    parser.add_argument("--table", default=None, metavar="RESULTS_JSON", help="print the table of a results file")
+    parser.add_argument(
+        "--table",
+        default=None,
+        metavar="RESULTS_JSON[,...]",
+        help="print the table of results files (one side each, or both)",
+    )
     args = parser.parse_args(argv)
     if args.table:
-        print(table(json.loads(Path(args.table).read_text())))
+        print(table(merged(args.table.split(","))))
         return 0
     work = Path(args.work).absolute()
     work.mkdir(parents=True, exist_ok=True)

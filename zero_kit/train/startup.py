@@ -3,11 +3,11 @@ step by stage (issue 23), measured on every run.
 
 Stages, each from the end of the one before, in the order they happened: prepare (the data cache entry found or
 built: zero_kit.train.rundata; a relaunching parent does it before any launcher), launch (to this rank's process
-start: the launcher's own start-up; 0 without one), imports (torch, transformers and DeepSpeed loaded), rendezvous
-(the process group, DeepSpeed's comm and, when resuming at another world size, the universal conversion), model
-(tokenizer and model build; ZeRO-3 builds inside zero.Init), data (the datasets memory-mapped from the cache),
-engine (the Trainer and deepspeed.initialize, up to the Trainer's on_train_begin), first_step (the first optimizer
-step, its first batch included).
+start: the launcher's own start-up; 0 without one), imports (torch, DeepSpeed and the Trainer's module loaded, with
+what it imports: accelerate, datasets), rendezvous (the process group, DeepSpeed's comm and, when resuming at
+another world size, the universal conversion), model (tokenizer and model build; ZeRO-3 builds inside zero.Init),
+data (the datasets memory-mapped from the cache), engine (the Trainer and deepspeed.initialize, up to the Trainer's
+on_train_begin), first_step (the first optimizer step, its first batch included).
 
 Rank 0 prints one line and writes OUTPUT/zero_kit_startup.json when the first step ends. Wall clock (time.time),
 because the first stages happen in another process: a relaunching parent passes its start and its prepare mark.
