@@ -93,8 +93,17 @@ def test_output_goes_line_by_line_to_the_caller():
     assert sorted(lines) == [(0, "a\n"), (0, "b\n"), (1, "c\n")]
 
 
+@pytest.fixture
+def default_sigint():
+    """Python's own SIGINT handler in this process for the test (KeyboardInterrupt), whatever an earlier test in the
+    same pytest worker left installed; restored after."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_reaches_every_rank_and_no_child_survives(tmp_path, signum):
+def test_a_signal_reaches_every_rank_and_no_child_survives(tmp_path, signum, default_sigint):
     launch, env = _rank_job(tmp_path)
     _when_ranks_run(tmp_path, lambda: os.kill(os.getpid(), signum))
     outcome = supervise(launch, env=env, timeout=60)
@@ -105,6 +114,7 @@ def test_a_signal_reaches_every_rank_and_no_child_survives(tmp_path, signum):
     assert outcome.codes == [75] and outcome.exit_code == 128 + signum
     assert outcome.signal == signum and not outcome.timed_out
     assert not any(_alive(pid) for pid in ranks)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the supervisor put the caller's back
     if signum == signal.SIGINT:
         with pytest.raises(KeyboardInterrupt):
             outcome.reraise()
