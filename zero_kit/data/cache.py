@@ -213,16 +213,15 @@ def _build(spec: DataSpec, material: dict, final: Path, load_rows: Callable[[], 
     return Entry(final, built=True, seconds=time.monotonic() - start)
 
 
-def write_arrow(dataset, path: Path, rows_per_batch: int | None = None) -> None:
+def write_arrow(dataset, path: Path) -> None:
     """`dataset`'s rows (its indices mapping applied) into one Arrow stream file that `Dataset.from_file` maps, its
     features in the schema, in record batches of up to ROWS_PER_BATCH rows (see the module's docstring)."""
     from datasets.arrow_writer import ArrowWriter
 
-    rows_per_batch = rows_per_batch or ROWS_PER_BATCH
-    writer = ArrowWriter(features=dataset.features, path=str(path), writer_batch_size=rows_per_batch)
+    writer = ArrowWriter(features=dataset.features, path=str(path), writer_batch_size=ROWS_PER_BATCH)
     try:
-        for table in dataset.with_format("arrow").iter(rows_per_batch):
-            writer.write_table(table, rows_per_batch)
+        for table in dataset.with_format("arrow").iter(ROWS_PER_BATCH):
+            writer.write_table(table, ROWS_PER_BATCH)
         writer.finalize()
     finally:
         writer.close()

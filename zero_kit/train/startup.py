@@ -88,10 +88,10 @@ class StartupClock:
             raise ValueError(f"unknown start-up stage {stage!r}; choose from {STAGES}")
         if stage not in self.done():
             self.marks.append((stage, time.time()))
-            self.rss[stage] = psutil.Process().memory_info().rss
-            anon = _private_bytes()
-            if anon is not None:
-                self.private[stage] = anon
+            memory = psutil.Process().memory_info()
+            self.rss[stage] = memory.rss
+            if hasattr(memory, "shared"):  # Linux: resident file and shared-memory pages (statm), the rest is RssAnon
+                self.private[stage] = memory.rss - memory.shared
 
     def done(self) -> list[str]:
         return [stage for stage, _ in self.marks]
@@ -146,18 +146,6 @@ class StartupClock:
         from transformers import Trainer  # noqa: F401
 
         self.mark("imports")
-
-
-def _private_bytes() -> int | None:
-    """This process's anonymous resident bytes (Linux /proc/self/status RssAnon); None elsewhere."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def milestones(clock: StartupClock, beat: Callable[[], None]) -> Callable[[str], None]:
