@@ -3,21 +3,20 @@ tests must RUN there; only GPU tests may skip, and only when CUDA is absent."""
 
 from __future__ import annotations
 
+import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks.rigs.base import private_extensions_dir
+from tests.support import ops
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-# DeepSpeed's CPU op builds go to one private, cached directory per torch/DeepSpeed pair (see there), built by
-# this environment's ninja: with another ninja first on PATH (the system's), each rebuilds the other's builds.
-os.environ["TORCH_EXTENSIONS_DIR"] = str(private_extensions_dir())
-os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+# DeepSpeed's CPU op builds go to one private, cached directory per torch/DeepSpeed pair, built by this
+# environment's ninja (tests/support/ops.py): every launcher a test starts inherits both.
+os.environ.update(ops.op_env())
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -29,30 +28,22 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped in CI, which must run it: {report.longrepr}"
 
 
-def pytest_collection_modifyitems(session, config, items):
-    """Build DeepSpeed's CPU ops once, before any launcher test, so no test's timeout pays for a compile.
+# Wall seconds per test file in CI, from `python -m scripts.test_tiers --record` (its last runs' JUnit reports).
+FILE_SECONDS: dict[str, float] = json.loads((Path(__file__).parent / "file_seconds.json").read_text())
 
-    DeepSpeed compiles them on first use (shm all-reduce, fused Adam, CPU Adam for offload; ~2 min each on
-    2 cores) into ~/.cache/torch_extensions; two ranks racing for the same build just wait on its lock.
-    """
+
+def pytest_collection_modifyitems(session, config, items):
+    """In an xdist worker, the longest files first, so that no long file starts last while the other worker idles
+    (scripts/test_tiers.py turns xdist's own reordering, by number of tests, off). Then build DeepSpeed's CPU ops
+    once, before any launcher test, so no test's timeout pays for a compile (tests/support/ops.py; nothing to do
+    when scripts/test_tiers.py built them already)."""
+    if hasattr(config, "workerinput"):  # stable: a file's tests stay together and in their order
+        items.sort(key=lambda item: -FILE_SECONDS.get(item.nodeid.split("::")[0], 0.0))
     tiers = {m for item in items for m in ("dist", "multinode") if item.get_closest_marker(m)}
     whole_suite = not config.args or [Path(a).resolve() for a in config.args] == [Path(config.rootpath, "tests")]
     if IN_CI and whole_suite and tiers != {"dist", "multinode"}:
         raise pytest.UsageError(f"CI collected no {sorted({'dist', 'multinode'} - tiers)} tests: check norecursedirs")
     if not tiers:
         return
-    import subprocess
-    import time
-
-    start = time.monotonic()
-    # ZERO_KIT_TEST_OPS narrows the list for a run that needs fewer: CI's compatibility slice trains with torch's
-    # AdamW and no optimizer offload, so only the shm op (~1 of the ~5 min on 2 cores); any other op would still be
-    # built by DeepSpeed on first use.
-    builders = os.environ.get("ZERO_KIT_TEST_OPS", "ShareMemCommBuilder,FusedAdamBuilder,CPUAdamBuilder")
-    names = [name.strip() for name in builders.split(",") if name.strip()]
-    code = (
-        f"from deepspeed.ops.op_builder import {', '.join(names)}\n"
-        f"for b in ({', '.join(names)},): b().load(verbose=False)\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=1800)
-    print(f"\nDeepSpeed CPU ops ready in {time.monotonic() - start:.0f} s")
+    took = ops.build()
+    print(f"\nDeepSpeed CPU ops ready in {took:.0f} s" if took is not None else "\nDeepSpeed CPU ops built before")

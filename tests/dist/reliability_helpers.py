@@ -1,6 +1,7 @@
-"""The job of tests/dist/test_reliability*.py, test_stall_watchdog.py and test_resume_universal.py: a real
-`zero-kit train --nproc N` ZeRO-3 run started in its own session (tests.support.jobs), so a test can kill the
-whole job or one rank at a chosen moment, and can stall a save at a chosen point (reliability_faults/)."""
+"""The job of tests/dist/test_reliability*.py, test_resume_zero3.py, test_stall_watchdog.py and
+test_resume_universal.py: a real `zero-kit train --nproc N` ZeRO-3 run started in its own session
+(tests.support.jobs), so a test can kill the whole job or one rank at a chosen moment, and can stall a save at a
+chosen point (reliability_faults/); and its uninterrupted two-rank run, trained once per test run."""
 
 from __future__ import annotations
 
@@ -8,13 +9,30 @@ from pathlib import Path
 
 import psutil
 
-from tests.support.jobs import FAST, FAULTS_SITE, Job, env, zero_kit
+import pytest
+
+from tests.support.jobs import FAST, FAULTS_SITE, PROBE_SITE, Job, env, run, zero_kit
 from tests.support.jobs import start as start_job
+from tests.support.shared import shared_run
 
 STEPS = 8
 # Constant LR keeps the comparisons about restored state; every run of a test module uses the same job.
 JOB = ["--stage", "3", "--max-steps", str(STEPS), "--save-steps", "2", "--save-total-limit", "10",
        "--lr-scheduler", "constant", *FAST]  # fmt: skip
+
+
+def zero3_reference(factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted two-rank run of JOB, trained once per test run (tests/support/shared.py) for every test that
+    compares with it: RUN/run is its output, RUN/probe.pt the logits its ranks computed at the end of training
+    (tests/dist/probe), RUN/output.txt what it printed. Readers copy a checkpoint before resuming it."""
+
+    def train(directory: Path) -> None:
+        cmd = zero_kit("train", "--nproc", "2", "--master-port", "29801", "--output", str(directory / "run"), *JOB)
+        proc = run(cmd, timeout=300, extra_env={"ZERO_KIT_PROBE_LOGITS": str(directory / "probe.pt")}, site=PROBE_SITE)
+        assert f"step {STEPS}/{STEPS}" in proc.stdout
+        (directory / "output.txt").write_text(proc.stdout + proc.stderr)
+
+    return shared_run(factory, "zero3_two_ranks", train)
 
 
 def start(out: Path, port: int, *extra: str, pause: tuple[str, str, Path] | None = None, nproc: int = 2) -> Job:

@@ -16,7 +16,9 @@ from zero_kit.bench import BenchOptions, run_bench
 from zero_kit.plan.accounting import model_state_bytes
 from zero_kit.plan.parallel import bubble_fraction
 
-pytestmark = pytest.mark.dist
+# serial: the pipeline's measured bubble is a wall-clock ratio of its stages; a neighbour on the 2 cores slows one
+# stage more than the other (0.56 / 0.48 measured beside the two-host tests, above the (p - 1) / p bound).
+pytestmark = [pytest.mark.dist, pytest.mark.serial]
 STRATEGIES = ["ddp", "zero1_tp", "pp"]
 ACCUM, MICRO, SEQ, N = 2, 2, 48, 2
 FP32 = 4

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 PROBE = Path(__file__).with_name("zero3_init_probe.py")
-MASTER_PORT = "29680"  # this test's own port (train tests use 29610-29612)
+MASTER_PORT = "29680"  # this test's own port
 
 
 @pytest.mark.dist

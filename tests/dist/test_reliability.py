@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from reliability_helpers import STEPS, rank_pid, start
+from reliability_helpers import STEPS, rank_pid, start, zero3_reference
 
 from tests.support.jobs import kill_group, survivors, wait_for
 from tests.support.runs import assert_bitwise_equal, files_in, log_records, logged_steps, pointer, resumed_from
@@ -33,9 +33,8 @@ TIMEOUT_S = 300
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("zk_rel_ref") / "run"
-    job = start(out, 29801)
-    assert job.wait(TIMEOUT_S) == 0, job.text()[-4000:]
+    """The uninterrupted run of the same job (trained once per test run; test_resume_zero3.py reads it too)."""
+    out = zero3_reference(tmp_path_factory) / "run"
     assert logged_steps(out)[-1] == STEPS
     return out
 

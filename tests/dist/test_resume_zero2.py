@@ -1,31 +1,76 @@
-"""ZeRO-2 with gradient accumulation on two CPU ranks through `zero-kit train --nproc 2`: a run resumed from the
-step-2 checkpoint of an uninterrupted run ends with bitwise the same weights, and the export of a ZeRO-2 checkpoint
-holds DeepSpeed's own reading of it. ZeRO-2 keeps its gradient partitions
-and fp32 master partitions apart from ZeRO-3's, so its checkpoint round trip is tested on its own (the CI
-compatibility job runs this at the oldest supported DeepSpeed, whose ZeRO-2 accumulation had to be bisected)."""
+"""ZeRO-2 with gradient accumulation on two CPU ranks through `zero-kit train --nproc 2`, one run read three ways:
+
+- a run resumed from its step-2 checkpoint ends with bitwise the same weights;
+- the export of a ZeRO-2 checkpoint holds DeepSpeed's own reading of it;
+- the step-2 checkpoint resumes at ONE rank through DeepSpeed's universal checkpoint conversion
+  (zero_kit/train/universal.py), its losses continuing the two-rank run's within LOSS_RTOL. The micro batch keeps
+  the global batch at 8 (2 ranks x 2 x 2 accumulation -> 1 x 4 x 2), so the resumed steps see the same examples.
+  Before the fix the conversion failed: `Required universal_checkpoint_info state is missing in checkpoint`
+  (DeepSpeed's tool wants --inject_missing_state for checkpoints not written by Megatron-DeepSpeed; DeepSpeed issues
+  #5405, #5430). The LoRA (ZeRO-3) case is test_resume_universal.py's; full-model ZeRO-3 is test_reliability.py's.
+
+ZeRO-2 keeps its gradient partitions and fp32 master partitions apart from ZeRO-3's, so its checkpoint round trip is
+tested on its own (the CI compatibility job runs the ZeRO-3 one at the oldest supported DeepSpeed)."""
 
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
 
 import pytest
 
 from tests.support.jobs import FAST, run, zero_kit
-from tests.support.runs import assert_bitwise_equal, assert_export_is_deepspeeds, assert_trained, resumed_from
+from tests.support.runs import (
+    assert_bitwise_equal,
+    assert_export_is_deepspeeds,
+    assert_trained,
+    log_records,
+    resumed_from,
+)
 
 pytestmark = pytest.mark.dist
-STEPS = 4
+STEPS, SAVED = 4, 2
+LOSS_RTOL = 1e-4  # as test_reliability.py's test_6
 JOB = ["--stage", "2", "--grad-accum", "2", "--max-steps", str(STEPS), "--save-steps", "2", "--lr-scheduler",
        "constant", *FAST]  # fmt: skip
 
 
-def test_zero2_resumed_run_ends_bitwise_equal(tmp_path):
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    run(zero_kit("train", "--nproc", "2", "--master-port", "29630", "--output", str(full), *JOB))
-    assert_trained(full, STEPS, world_size=2, stage=2)
+@pytest.fixture(scope="module")
+def full(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("zero2") / "full"
+    run(zero_kit("train", "--nproc", "2", "--master-port", "29630", "--output", str(out), *JOB))
+    assert_trained(out, STEPS, world_size=2, stage=2)
+    return out
+
+
+def test_zero2_export_is_deepspeeds_reading(full):
     assert_export_is_deepspeeds(full / "final", full / f"checkpoint-{STEPS}")  # ZeRO-2's layout, read by export
-    checkpoint = full / "checkpoint-2"
-    cmd = zero_kit(
-        "train", "--nproc", "2", "--master-port", "29631", "--output", str(resumed), "--resume", str(checkpoint)
-    )
+
+
+def test_zero2_resumed_run_ends_bitwise_equal(full, tmp_path):
+    resumed = tmp_path / "resumed"
+    cmd = zero_kit("train", "--nproc", "2", "--master-port", "29631", "--output", str(resumed),
+                   "--resume", str(full / f"checkpoint-{SAVED}"))  # fmt: skip
     proc = run([*cmd, *JOB])
-    assert resumed_from(proc.stdout) == 2
-    assert_bitwise_equal(resumed / "final", full / "final", "after a ZeRO-2 resume from step 2", fp32=False)
+    assert resumed_from(proc.stdout) == SAVED
+    assert_bitwise_equal(resumed / "final", full / "final", f"after a ZeRO-2 resume from step {SAVED}", fp32=False)
+
+
+def test_zero2_two_rank_checkpoint_resumes_at_one_rank(full, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    shutil.copytree(full / f"checkpoint-{SAVED}", out / f"checkpoint-{SAVED}")  # the shared run stays untouched
+    proc = run([*zero_kit("train", "--output", str(out), *JOB), "--micro-batch", "4", "--no-export"], timeout=300)
+    text = proc.stdout + proc.stderr
+    assert f"checkpoint-{SAVED} was written by 2 rank(s), this run has 1" in text
+    assert resumed_from(text) == SAVED
+    latest = (out / f"checkpoint-{SAVED}" / "latest_universal").read_text().strip()
+    assert latest == f"global_step{SAVED}_universal"
+    resumed = {r["step"]: r["loss"] for r in log_records(out)}
+    uninterrupted = {r["step"]: r["loss"] for r in log_records(full)}
+    assert sorted(resumed) == list(range(SAVED + 1, STEPS + 1))
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(uninterrupted[step], rel=LOSS_RTOL), (step, loss, uninterrupted[step])
+    # Not a fresh model by accident: a re-initialised one would be back near the first step's loss.
+    assert uninterrupted[1] - resumed[SAVED + 1] > 10 * LOSS_RTOL * uninterrupted[1]
+    print(f"\nresumed at 1 rank: {resumed} vs 2 ranks: {uninterrupted}")

@@ -17,26 +17,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from bench_reference import STRATEGIES, size_flags
 
 from benchmarks.rigs import slurm_cluster, ssh_hosts, write_hostfile
 from tests.support.jobs import zero_kit
 from tests.support.rigs import rig_marks
-from zero_kit.bench import BenchOptions, run_bench
 
 pytestmark = rig_marks()
-STRATEGIES = "ddp,fsdp,zero3"
-SIZE = ["--hidden-size", "96", "--layers", "2", "--vocab-size", "256", "--seq-len", "32", "--micro-batch", "2",
-        "--steps", "6", "--warmup", "1", "--timeout", "300"]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def single_node(tmp_path_factory, cpu_ops) -> dict[str, list[float]]:
-    out = tmp_path_factory.mktemp("bench_single")
-    opts = BenchOptions(strategies=STRATEGIES, nproc=2, hidden_size=96, layers=2, vocab_size=256, seq_len=32,
-                        micro_batch=2, steps=6, warmup=1, master_port=29880, timeout=300, out=str(out))  # fmt: skip
-    records = run_bench(opts)
-    assert not any(r.get("failed") for r in records), [r.get("log_tail") for r in records]
-    return {r["strategy"]: r["losses"] for r in records}
+SIZE = [*size_flags(), "--timeout", "300"]
 
 
 def _check_results(out: Path, mode: str, single_node: dict[str, list[float]]) -> None:

@@ -44,7 +44,7 @@ from tests.support.runs import RESUMING, checkpoint_step, logged_steps, pointer,
 from zero_kit.train.options import EXIT_PREEMPTED
 from zero_kit.watchdog import EXIT_STALLED, KILL_GRACE_S, POLL_S
 
-pytestmark = rig_marks()
+pytestmark = [*rig_marks(), pytest.mark.serial]  # faults timed against stated bounds: never beside another test
 RUN_TIMEOUT_S = 420
 # A node lost: the survivors' gloo connections are reset at once, their launcher ends them; measured 5-10 s.
 NODE_LOSS_BOUND_S = 30

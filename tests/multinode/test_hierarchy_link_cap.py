@@ -30,11 +30,12 @@ import pytest
 
 from benchmarks.link_cap.report import predict_rows, tiers
 from benchmarks.link_cap.run import bench_options, calibrate, run
-from benchmarks.rigs.base import build_cpu_ops, remove_etc_netns
+from benchmarks.rigs.base import remove_etc_netns
 from benchmarks.rigs.netns import hosts_for, remove_hosts
 
 pytestmark = [
     pytest.mark.multinode,
+    pytest.mark.serial,  # the calibration and the timed steps must see the same machine: never beside another test
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("tc") is None, reason="the rig needs root and iproute2"),
 ]
 PREFIX, SUBNET, RATE = "zkht", 75, "200mbit"
@@ -55,8 +56,7 @@ def _namespaces() -> str:
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory):
-    build_cpu_ops(timeout=900)
+def result(tmp_path_factory, cpu_ops):
     out = tmp_path_factory.mktemp("link_cap")
     (out / "logs").mkdir()
     opts = replace(

@@ -1,6 +1,7 @@
 """A real two-node job on this machine: two network-namespace hosts (zkb10 / zkb11, 10.78.1.1 / .2) joined by a
 veth pair, gloo over real TCP, one rank per host, each host running its own launcher (deepspeed --no_ssh for
-zero3, torchrun --nnodes 2 for fsdp). Losses must match a single-node two-rank run. Ports 29730-29739."""
+zero3, torchrun --nnodes 2 for fsdp). Losses must match a single-node two-rank run (bench_reference.py, trained
+once per test run). Ports 29730-29739."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import shutil
 import subprocess
 
 import pytest
+from bench_reference import SIZE
 
 from benchmarks.rigs.two_host_bench import run_two_hosts, two_hosts
-from zero_kit.bench import BenchOptions, run_bench
+from zero_kit.bench import BenchOptions
 
 pytestmark = pytest.mark.multinode
 PREFIX = "zkb1"
@@ -27,11 +29,9 @@ def _namespaces() -> str:
 
 
 @needs_root
-def test_zero3_and_fsdp_across_two_hosts_match_the_single_node_run(tmp_path):
-    opts = BenchOptions(nproc=1, hidden_size=96, layers=2, vocab_size=256, seq_len=32, micro_batch=2, steps=6,
-                        warmup=1, master_port=29730, timeout=240, out=str(tmp_path / "single"))  # fmt: skip
-    single = run_bench(dataclasses.replace(opts, strategies="ddp", nproc=2, master_port=29731))[0]
-    assert not single.get("failed"), single.get("log_tail")
+def test_zero3_and_fsdp_across_two_hosts_match_the_single_node_run(tmp_path, single_node):
+    """Against the one-host two-rank DDP run at the same size (bench_reference.py, shared with test_cluster_bench)."""
+    opts = BenchOptions(nproc=1, master_port=29730, timeout=240, out=str(tmp_path / "single"), **SIZE)
     try:
         with two_hosts(PREFIX, subnet=1) as hosts:
             assert f"{PREFIX}0" in _namespaces()
@@ -44,7 +44,7 @@ def test_zero3_and_fsdp_across_two_hosts_match_the_single_node_run(tmp_path):
                 assert record is not None, "\n".join(p.read_text()[-2000:] for p in logs)
                 assert record["world_size"] == 2 and record["nnodes"] == 2
                 assert "GLOO_SOCKET_IFNAME=zkb10v" in logs[0].read_text().splitlines()[0]
-                diff = max(abs(a - b) for a, b in zip(record["losses"], single["losses"], strict=True))
+                diff = max(abs(a - b) for a, b in zip(record["losses"], single_node["ddp"], strict=True))
                 assert diff <= 1e-5, f"{strategy} on two hosts differs from one node by {diff}"
                 assert record["comm_bytes_per_step"]["ring_bytes_sent_per_rank"] > 0
     finally:
