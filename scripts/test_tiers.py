@@ -55,8 +55,8 @@ SERIAL = ("-m", "serial or not (dist or multinode)", "--ignore=tests/unit", "tes
 TIERS = (
     Tier("lint", ("ruff", "check", "."), 15),
     Tier("unit", (*PYTEST, "-n", "auto", "--dist", "loadfile", "tests/unit"), 330),
-    Tier("launch", (*PYTEST, "-n", "2", *BY_FILE, *LAUNCH), 1500, needs_ops=True),
-    Tier("serial", (*PYTEST, *SERIAL), 900, needs_ops=True),
+    Tier("launch", (*PYTEST, "-n", "2", *BY_FILE, *LAUNCH), 1000, needs_ops=True),
+    Tier("serial", (*PYTEST, *SERIAL), 1000, needs_ops=True),
 )
 
 

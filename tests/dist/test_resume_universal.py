@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from reliability_helpers import start
 
-from tests.support.runs import log_records, resumed_from
+from tests.support.runs import assert_losses_continue, resumed_from
 
 pytestmark = pytest.mark.dist
 LOSS_RTOL = 1e-4  # as test_reliability.py's test_6
@@ -38,15 +38,4 @@ def test_two_rank_checkpoint_resumes_at_one_rank(tmp_path, case):
     assert resumed_from(job.text()) == SAVED
     latest = (out / f"checkpoint-{SAVED}" / "latest_universal").read_text().strip()
     assert latest == f"global_step{SAVED}_universal"
-    _assert_losses_continue(out, reference)
-
-
-def _assert_losses_continue(out: Path, reference: Path) -> None:
-    resumed = {r["step"]: r["loss"] for r in log_records(out)}
-    uninterrupted = {r["step"]: r["loss"] for r in log_records(reference)}
-    assert sorted(resumed) == list(range(SAVED + 1, STEPS + 1))
-    for step, loss in resumed.items():
-        assert loss == pytest.approx(uninterrupted[step], rel=LOSS_RTOL), (step, loss, uninterrupted[step])
-    # Not a fresh model by accident: a re-initialised one would be back near the first step's loss.
-    assert uninterrupted[1] - resumed[SAVED + 1] > 10 * LOSS_RTOL * uninterrupted[1]
-    print(f"\nresumed at 1 rank: {resumed} vs 2 ranks: {uninterrupted}")
+    assert_losses_continue(out, reference, range(SAVED + 1, STEPS + 1), LOSS_RTOL)

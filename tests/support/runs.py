@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from zero_kit.train import checkpoint
@@ -102,3 +103,16 @@ def assert_export_is_deepspeeds(exported_dir: Path, checkpoint_dir: Path) -> Non
     assert exported.keys() == reference.keys() and exported
     for name, tensor in reference.items():
         assert exported[name].numel() > 0 and torch.equal(exported[name], tensor), name
+
+
+def assert_losses_continue(out: Path, reference: Path, steps: range, rtol: float) -> None:
+    """A run resumed into `out` (at another world size) logged exactly `steps`, each loss within `rtol` of the
+    uninterrupted `reference` run's at that step, and its first is well below the reference's first loss (a model
+    re-initialised by accident would be back near it)."""
+    resumed = {r["step"]: r["loss"] for r in log_records(out)}
+    uninterrupted = {r["step"]: r["loss"] for r in log_records(reference)}
+    assert sorted(resumed) == list(steps)
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(uninterrupted[step], rel=rtol), (step, loss, uninterrupted[step])
+    assert uninterrupted[1] - resumed[steps[0]] > 10 * rtol * uninterrupted[1]
+    print(f"\nresumed losses {resumed} vs uninterrupted {uninterrupted}")
