@@ -28,7 +28,7 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped in CI, which must run it: {report.longrepr}"
 
 
-# Wall seconds per test file in CI, from `python -m scripts.test_tiers --record` (its last runs' JUnit reports).
+# Wall seconds per test file, written by `python -m scripts.test_tiers --record` from a run's JUnit reports.
 FILE_SECONDS: dict[str, float] = json.loads((Path(__file__).parent / "file_seconds.json").read_text())
 
 
