@@ -55,4 +55,5 @@ def build(timeout: float = 1800) -> float | None:
     clear_stale_build_lock()
     start = time.monotonic()
     subprocess.run(build_argv(), check=True, capture_output=True, timeout=timeout, env=op_env())
+    os.environ[READY] = "1"  # this process's later checks (the multinode `cpu_ops` fixture) and its children know
     return time.monotonic() - start
