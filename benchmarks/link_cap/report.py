@@ -72,7 +72,8 @@ def predict_rows(result: dict) -> None:
         with_overhead = replace(plain, overhead_s=result["overhead_s"])
         for row in result["rows"]:
             if row["rate"] == rate and row["record"]:
-                row["predicted_step_s"] = predict(row["record"], plain)
+                step = record_step(row["record"], plain)
+                row["predicted_step_s"], row["predicted_comm_s"] = step.step_s, step.comm_s
                 if row["strategy"] in result["overhead_s"]:
                     row["predicted_with_overhead_s"] = predict(row["record"], with_overhead)
 
