@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TextIO
 
 from zero_kit.launch.placement import Launch
+from zero_kit.metrics import GIB
 from zero_kit.watchdog import EXIT_STALLED, read_marker
 
 EXIT_TIMED_OUT = 124
@@ -42,6 +43,9 @@ RESEND_S = 5.0
 """During the grace the signal goes to the ranks again this often: a rank may have missed it (its launcher had not
 started it yet, or it was blocked in a call that never returned to Python); ranks take a repeat as the same request."""
 POLL_S = 0.1
+SIGKILL_CODES = (-signal.SIGKILL, 128 + signal.SIGKILL, 256 - signal.SIGKILL)
+"""How a process killed by SIGKILL (the kernel's OOM killer sends it) reaches us: as our child (-9), through a
+shell (137), or through the deepspeed launcher, which exits with its rank's -9 (sys.exit(-9): 247)."""
 
 
 def exit_code_for(signum: int | None, stall_report: str | None, timed_out: bool, first_failure: int) -> int:
@@ -65,6 +69,8 @@ class Outcome:
     stall_report: str | None = None
     signal: int | None = None
     """The first SIGINT or SIGTERM the supervisor received (and forwarded) while the launch ran."""
+    killed: str | None = None
+    """The line said when the first failure was a rank killed by SIGKILL (probably for memory), else None."""
 
     def reraise(self) -> None:
         """Deliver the signal the supervisor took to the caller's own handler, as if it had not been taken
@@ -84,12 +90,13 @@ class Output:
 
 def supervise(launch: Launch, *, env: dict[str, str] | None = None, timeout: float | None = None,
               output: Output | None = None, own_groups: bool = True, stall_dir: Path | None = None,
-              name: str = "zero-kit", grace: float = GRACE_S) -> Outcome:  # fmt: skip
+              name: str = "zero-kit", grace: float = GRACE_S, memory_note: str | None = None) -> Outcome:  # fmt: skip
     """Run `launch` to its end. `env`: the processes' whole environment (default os.environ), launch.env added.
     own_groups: each process in a session of its own (False: in ours, so that whoever kills our process group,
     a scheduler or an OOM killer, kills the ranks with us). stall_dir: the job's heartbeat directory; when the
     watchdog ended the job there, its report is printed as `NAME: the stall watchdog ended the job: ...`.
-    grace: seconds the ranks have after a forwarded signal before everything is killed."""
+    grace: seconds the ranks have after a forwarded signal before everything is killed. A rank killed by SIGKILL
+    (not by us) is said in one line with its last sampled RSS and `memory_note` (the plan and its fix)."""
     launch.write_files()
     full_env = {**(os.environ if env is None else env), **launch.env}
     started = time.time()
@@ -106,7 +113,10 @@ def supervise(launch: Launch, *, env: dict[str, str] | None = None, timeout: flo
     if report is not None:
         print(f"{name}: the stall watchdog ended the job: {report}", file=sys.stderr, flush=True)
     exit_code = exit_code_for(run.signal, report, run.timed_out, run.first_failure())
-    return Outcome(codes, exit_code, run.timed_out, report, run.signal)
+    killed = None if run.signal or report or run.timed_out else run.killed_line(name, memory_note)
+    if killed is not None:
+        print(killed, file=sys.stderr, flush=True)
+    return Outcome(codes, exit_code, run.timed_out, report, run.signal, killed)
 
 
 class _Run:
@@ -125,6 +135,8 @@ class _Run:
         self.signal: int | None = None
         self.known: dict[int, object] = {}
         """Every descendant seen so far (psutil.Process): a rank orphaned by its launcher's death is still ours."""
+        self.rss: dict[int, tuple[str, int]] = {}
+        """pid -> (its RANK, its last resident set size) of every rank seen: what a rank killed for memory held."""
 
     def start(self, argvs: list[list[str]], env: dict[str, str], output: Output) -> None:
         for index, argv in enumerate(argvs):
@@ -146,6 +158,7 @@ class _Run:
         for turn in itertools.count():
             if turn % 5 == 0:
                 self.known.update((p.pid, p) for p in _descendants(self.procs))
+                self.sample_rss()
             for index, proc in enumerate(self.procs):
                 if proc.poll() not in (None, 0) and index not in self.failed_order:
                     self.failed_order.append(index)
@@ -165,6 +178,28 @@ class _Run:
             if proc.returncode and index not in self.failed_order:
                 self.failed_order.append(index)  # killed after the first failure: its code comes after
         return self.procs[self.failed_order[0]].returncode if self.failed_order else 0
+
+    def sample_rss(self) -> None:
+        """Each rank's resident memory now (every half second): the OOM killer leaves no word of its own."""
+        own = [p for p in (_process(proc.pid) for proc in self.procs if proc.poll() is None) if p is not None]
+        for process in [*own, *self.known.values()]:
+            if not _runs_module(process, self.module):
+                continue
+            with contextlib.suppress(Exception):  # psutil.Error: it ended meanwhile
+                label = self.rss[process.pid][0] if process.pid in self.rss else _rank_of(process)
+                self.rss[process.pid] = (label, process.memory_info().rss)
+
+    def killed_line(self, name: str, memory_note: str | None) -> str | None:
+        """When the first failure was a SIGKILL nobody here sent: which rank, probably for memory. Our own child
+        when it was a rank; else (a launcher reported its rank's -9) the rank that held the most, the one the
+        kernel's OOM killer picks."""
+        if not self.failed_order or self.procs[self.failed_order[0]].returncode not in SIGKILL_CODES:
+            return None
+        first = self.procs[self.failed_order[0]].pid
+        label, rss = self.rss.get(first) or max(self.rss.values(), key=lambda seen: seen[1], default=("?", None))
+        held = f"last RSS {rss / GIB:.2f} GiB" if rss is not None else "no RSS sampled"
+        plan = memory_note or "no memory plan for this launch"
+        return f"{name}: rank {label} was killed (SIGKILL), probably for memory: {held}, {plan}"
 
     def signals_forwarded(self):
         return _SignalsForwarded(self)
@@ -296,6 +331,14 @@ def _runs_module(process, module: str) -> bool:
     except Exception:  # psutil.Error: gone, or not ours to read
         return False
     return "-m" in cmdline[:4] and cmdline.index("-m") + 1 < len(cmdline) and cmdline[cmdline.index("-m") + 1] == module
+
+
+def _rank_of(process) -> str:
+    """The rank's RANK (its launcher's environment, readable for our own processes), else its pid."""
+    try:
+        return process.environ().get("RANK") or f"(pid {process.pid})"
+    except Exception:  # psutil.Error
+        return f"(pid {process.pid})"
 
 
 def _signal(process, signum: int) -> None:
