@@ -33,6 +33,7 @@ def check_inputs(opts: TrainOptions, *, output: bool = True) -> None:
         _check_val_size,
         _check_trackers,
         _check_model,
+        _check_max_length,
         _check_output,
         _check_nvme_path,
         _check_hostfile,
@@ -153,6 +154,14 @@ def _check_model(opts: TrainOptions) -> None:
         raise UserError(f"--model {path / 'config.json'}: {err.message}", "pass a LLaMA-style model") from None
     except (KeyError, TypeError, ValueError) as err:
         raise UserError(f"--model {path / 'config.json'}: missing or bad key {err}", "fix config.json") from None
+
+
+def _check_max_length(opts: TrainOptions) -> None:
+    """--max-length against the model's positions (zero_kit.train.fit): a refusal here; RoPE scaling's warning is
+    said once by the job."""
+    from zero_kit.train.fit import check_length
+
+    check_length(opts)
 
 
 def _check_output(opts: TrainOptions) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from zero_kit.dist import barrier, end_process_group, slurm_to_torch_env, under_launcher
 from zero_kit.errors import UserError
 from zero_kit.model import check_trusted, resolve_model
-from zero_kit.train import checkpoint, preflight, resume, rundata, runfile, startup, stopping, universal
+from zero_kit.train import checkpoint, fit, oom, preflight, resume, rundata, runfile, startup, stopping, universal
 from zero_kit.train.evaluation import trainer_arguments
 from zero_kit.train.inputs import check_inputs
 from zero_kit.train.options import TrainOptions, check_options
@@ -44,13 +44,15 @@ def run_train(opts: TrainOptions) -> int:
         target = resume.check_before_start(opts, dict(os.environ))
         if target is not None and os.environ.get("RANK", "0") == "0":
             _warn_if_foreign(target)  # its pickles are loaded with weights_only=False by DeepSpeed and the Trainer
+    # the run against the model's positions and this host's RAM: refused here, before the data, a launch or weights
+    memory_note = fit.before_launch(opts, dict(os.environ), speak) if not os.environ.get(RELAUNCHED) else None
     clock = startup.StartupClock()  # time to first step, by stage; a relaunch's ranks go on from its marks
     # tokenized once, before any launcher, process group or op build: a relaunch's ranks find it ready
     prepared = rundata.prepare(opts, speak)
     clock.mark("prepare")
     if _wants_relaunch(opts):
         os.environ.update(clock.for_ranks())
-        return relaunch(opts, opts.nproc)
+        return relaunch(opts, opts.nproc, memory_note=memory_note)
     startup.rank_environment(opts)  # before torch's first import
     finished = False
     try:
@@ -76,6 +78,7 @@ def _run_rank(opts: TrainOptions, prepared: rundata.Prepared, clock: startup.Sta
     # ZeRO-3 model is built inside deepspeed.zero.Init and no rank ever holds all of it.
     args = _training_arguments(run)
     preflight.check_run(run)  # output dir, disk space, NVMe path, host RAM: before any work
+    fit.say(fit.check_gpu_memory(run))  # this rank's GPU against the plan: before the model is built
     heartbeat = _start_heartbeat(run)
     try:
         return _train(run, args, heartbeat, prepared, clock)
@@ -109,7 +112,12 @@ def _train(run: ResolvedRun, args, heartbeat: Heartbeat | None, prepared: rundat
     run_info = _record_start(run, held, data, resume_from)
     trainer, preemption = _trainer(run, args, model, tokenizer, data, run_info, heartbeat, clock)
     _clear_earlier(run)  # the model, the data and the Trainer are built: now earlier work may go
-    with preflight.disk_errors_as_user_errors(run.output):  # a disk that fills up mid-run: a message, no traceback
+    planned, fix = fit.plan_and_fix(run.planner, run.options, run.machine.on_gpu)
+    # a disk that fills up mid-run, an out-of-memory: a message each, no traceback
+    with (
+        preflight.disk_errors_as_user_errors(run.output),
+        oom.out_of_memory_named(planned, fix, lambda: trainer.state.global_step),
+    ):
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     if preemption.stopped:  # SIGINT or SIGTERM: saved; the relaunching parent, if any, prints the last line
         if run.machine.rank == 0 and not os.environ.get(RELAUNCHED):

@@ -114,6 +114,10 @@ class TrainOptions(ZeroOptions):
     stall_timeout: float = 300
     """End the whole job (exit 76, a report naming each rank's last phase) when no rank has made progress for this
     many seconds; start-up, saves and the export may take 6x as long. 0 disables the watchdog."""
+    memory_check: bool = True
+    """Before any rank starts, check the planner's peak memory (per rank x ranks on this host on CPU, per GPU on
+    a GPU) against what the machine has, and refuse a run that cannot fit with the flags that would fit.
+    --no-memory-check runs anyway."""
 
 
 def check_options(opts: TrainOptions) -> None:

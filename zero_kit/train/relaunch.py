@@ -36,9 +36,11 @@ def relaunch_command(opts: TrainOptions, nproc: int | None, port: int) -> list[s
     return relaunch_plan(opts, nproc, port).argvs[0]
 
 
-def relaunch(opts: TrainOptions, nproc: int | None, argv: list[str] | None = None) -> int:
+def relaunch(opts: TrainOptions, nproc: int | None, argv: list[str] | None = None, *,
+             memory_note: str | None = None) -> int:  # fmt: skip
     """Run the same job under the `deepspeed` launcher and return its exit code. argv: this command's arguments,
-    for the command that continues a stopped run (default: sys.argv)."""
+    for the command that continues a stopped run (default: sys.argv). memory_note: the plan and its fix, said
+    with a rank the kernel kills (zero_kit.train.fit.memory_note)."""
     env = {**os.environ, RELAUNCHED: "1", "PYTHONUNBUFFERED": "1"}
     # With a hostfile the rendezvous is on the first host, whose free ports this host cannot see.
     port = opts.master_port or (RENDEZVOUS_PORT if opts.hostfile else free_port())
@@ -46,7 +48,7 @@ def relaunch(opts: TrainOptions, nproc: int | None, argv: list[str] | None = Non
     print("zero-kit train: launching", " ".join(redact_argv(plan.argvs[0][1:], env)), flush=True)
     # The ranks stay in our process group: whoever ends this job by its group (a scheduler, a test) ends them too.
     outcome = supervise(plan, env=env, own_groups=False, stall_dir=Path(opts.output) / HEARTBEAT_DIR,
-                        name="zero-kit train")  # fmt: skip
+                        name="zero-kit train", memory_note=memory_note)  # fmt: skip
     if outcome.signal is None:
         return outcome.exit_code
     # The ranks' and launchers' own codes say little here (the deepspeed launcher exits 1 when a terminal's Ctrl-C

@@ -1,0 +1,167 @@
+"""A run that cannot fit never starts (issue 40): --max-length against the model's positions, the planner's peak
+against the host's RAM (ZERO_KIT_HOST_MEM_BYTES, a real RLIMIT_AS cap) and a GPU's free memory, the cheapest fix
+that passes the same check, and an out-of-memory in a rank named in one line. The refusals go through the real
+command line and must come within 5 s, before any launch, data preparation or model load."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from zero_kit.errors import UserError
+from zero_kit.metrics import GIB
+from zero_kit.train import fit, oom
+from zero_kit.train.options import TrainOptions
+
+REFUSED_WITHIN_S = 5.0
+
+
+def _train(args: list[str], tmp_path: Path, env: dict[str, str] | None = None, preexec=None):
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "zero_kit.cli", "train", "--output", str(tmp_path / "out"), *args],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})},
+                          preexec_fn=preexec)  # fmt: skip
+    return done, time.monotonic() - started
+
+
+def _refused(done: subprocess.CompletedProcess, seconds: float) -> str:
+    assert done.returncode == 2, done.stderr
+    assert seconds < REFUSED_WITHIN_S, f"refused after {seconds:.1f} s"
+    assert "Traceback" not in done.stderr + done.stdout
+    assert "launching" not in done.stdout and "data:" not in done.stderr  # nothing started, nothing prepared
+    error = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(error) == 1 and "\n  fix: " in done.stderr, done.stderr
+    return done.stderr
+
+
+def test_a_length_typo_is_refused_in_seconds(tmp_path):
+    done, seconds = _train(["--max-length", "100000", "--pack", "--max-steps", "2"], tmp_path)
+    said = _refused(done, seconds)
+    assert "--max-length 100000" in said and "max_position_embeddings 512" in said
+    assert "fix: pass --max-length 512 or less" in said
+    assert not (tmp_path / "out").exists()
+
+
+def _model_dir(tmp_path: Path, **config) -> str:
+    directory = tmp_path / "model"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": "llama", **config}))
+    return str(directory)
+
+
+def test_rope_scaling_that_covers_the_length_is_a_warning(tmp_path):
+    model = _model_dir(tmp_path, max_position_embeddings=512, rope_scaling={"type": "linear", "factor": 4.0})
+    warning = fit.check_length(TrainOptions(model=model, max_length=2048))
+    assert "--max-length 2048" in warning and "covers 2048 (linear scaling: 512 x 4)" in warning
+    assert fit.check_length(TrainOptions(model=model, max_length=512)) is None
+    with pytest.raises(UserError) as refused:
+        fit.check_length(TrainOptions(model=model, max_length=4096))
+    assert "max_position_embeddings 512 (its RoPE scaling covers 2048" in refused.value.message
+    assert "--max-length 2048 or less" in refused.value.fix
+
+
+def test_llama3_scaling_counts_the_stretched_context():
+    config = {"max_position_embeddings": 131072,
+              "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}}  # fmt: skip
+    assert fit.positions(config)[:2] == (131072, 131072)
+    assert fit.positions({"max_position_embeddings": 4096, "rope_scaling": None}) == (4096, None, "")
+
+
+def test_a_shortfall_of_host_ram_is_refused_with_a_fix_that_passes(tmp_path, monkeypatch):
+    limit = str(int(4.8 * GIB))
+    args = ["--nproc", "2", "--micro-batch", "8", "--max-length", "512", "--max-steps", "2"]
+    done, seconds = _train(args, tmp_path, {fit.HOST_MEM_ENV: limit})
+    said = _refused(done, seconds)
+    assert "does not fit in memory" in said and "x 2 rank(s) on this host" in said and "4.80 GiB host RAM" in said
+    fix = said.split("fix: add ")[1].split(" (planned")[0]
+    assert "--micro-batch" in fix and "--grad-accum" in fix
+    # the suggested flags, through the same check (a dry one: nothing is launched)
+    monkeypatch.setenv(fit.HOST_MEM_ENV, limit)
+    opts = _with_flags(TrainOptions(nproc=2, micro_batch=8, max_length=512), fix.split())
+    assert fit.before_launch(opts, {}, speak=False).startswith("planned peak")
+
+
+def _with_flags(opts: TrainOptions, words: list[str]) -> TrainOptions:
+    changes: dict = {}
+    while words:
+        flag = words.pop(0).removeprefix("--").replace("-", "_")
+        changes[flag] = True if flag == "activation_checkpointing" else int(words.pop(0))
+    return replace(opts, **changes)
+
+
+def test_a_real_address_space_cap_is_refused(tmp_path):
+    cap = int(2.2 * GIB)  # the imports fit; the plan of 16 sequences of 512 tokens per rank does not
+
+    def capped() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    args = ["--micro-batch", "16", "--max-length", "512", "--max-steps", "2"]
+    done, seconds = _train(args, tmp_path, {fit.HOST_MEM_ENV: ""}, preexec=capped)
+    said = _refused(done, seconds)
+    assert "RLIMIT_AS (ulimit -v) 2.20 GiB per rank x 1" in said and "--micro-batch" in said
+
+
+def test_no_memory_check_goes_on(monkeypatch):
+    monkeypatch.setenv(fit.HOST_MEM_ENV, str(GIB))
+    assert fit.before_launch(TrainOptions(memory_check=False), {}, speak=False) is None
+    with pytest.raises(UserError, match="--no-memory-check to run anyway"):
+        fit.before_launch(TrainOptions(), {}, speak=False)
+
+
+def test_the_test_suites_runs_fit_this_host():
+    """Up to four ranks of the embedded model: the check must never refuse the suite's own runs on a 24 GiB host."""
+    view = fit.cpu_view(TrainOptions(nproc=4), {})
+    assert fit.rank_peak(view, on_gpu=False) * 4 < 10 * GIB
+
+
+def test_within_ten_percent_is_a_warning():
+    view = fit.cpu_view(TrainOptions(), {})
+    need = fit.rank_peak(view, on_gpu=False)
+    assert "may not fit" in fit.judge(view, TrainOptions(), False, int(need / 0.95), "host RAM")
+    assert fit.judge(view, TrainOptions(), False, need * 2, "host RAM") is None
+
+
+def test_a_gpu_shortfall_suggests_sharding_or_offload():
+    view = replace(fit.cpu_view(TrainOptions(nproc=2, micro_batch=1), {}), offload="none")
+    need = fit.rank_peak(view, on_gpu=True)
+    with pytest.raises(UserError) as refused:
+        fit.judge(view, TrainOptions(nproc=2, micro_batch=1), True, int(need * 0.97), "free on cuda:0")
+    assert "per GPU" in refused.value.message and refused.value.fix.startswith("add --")
+    assert any(flag in refused.value.fix for flag in ("--activation-checkpointing", "--stage 3", "--offload"))
+
+
+class OutOfMemoryError(RuntimeError):
+    """Stands in for torch.OutOfMemoryError (the name is what is matched), which needs a GPU to be raised."""
+
+
+def test_an_out_of_memory_in_a_rank_is_one_line_with_the_plan_and_the_fix():
+    with pytest.raises(UserError) as named, oom.out_of_memory_named(int(1.5 * GIB), "--micro-batch 1", lambda: 7):
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    err = named.value
+    assert err.exit_code == 1 and err.fix == "--micro-batch 1"
+    assert err.message.startswith("out of memory at step 7: planned peak 1.50 GiB, measured peak ")
+    assert "\n" not in err.message and err.__cause__ is None and err.__suppress_context__
+
+
+def test_an_out_of_memory_wrapped_by_a_library_is_named_and_other_errors_pass():
+    def step():
+        raise AttributeError("no trainer state yet")
+
+    with (
+        pytest.raises(UserError, match="out of memory before the first step"),
+        oom.out_of_memory_named(None, "x", step),
+    ):
+        try:
+            raise OutOfMemoryError("CUDA out of memory")
+        except OutOfMemoryError as inner:
+            raise RuntimeError("DeepSpeed step failed") from inner
+    with pytest.raises(ValueError), oom.out_of_memory_named(GIB, "x", lambda: 1):
+        raise ValueError("not memory")
