@@ -165,3 +165,9 @@ def test_an_out_of_memory_wrapped_by_a_library_is_named_and_other_errors_pass():
             raise RuntimeError("DeepSpeed step failed") from inner
     with pytest.raises(ValueError), oom.out_of_memory_named(GIB, "x", lambda: 1):
         raise ValueError("not memory")
+
+
+def test_the_host_refusing_an_allocation_is_named_too():
+    for err in (MemoryError(), RuntimeError(f"[enforce fail at alloc_cpu.cpp:117] . {oom.CPU_OUT_OF_MEMORY}: 8 GiB")):
+        with pytest.raises(UserError, match="^out of memory at step 2"), oom.out_of_memory_named(GIB, "x", lambda: 2):
+            raise err

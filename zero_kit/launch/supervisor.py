@@ -137,6 +137,10 @@ class _Run:
         """Every descendant seen so far (psutil.Process): a rank orphaned by its launcher's death is still ours."""
         self.rss: dict[int, tuple[str, int]] = {}
         """pid -> (its RANK, its last resident set size) of every rank seen: what a rank killed for memory held."""
+        self.ranks: dict[int, object] = {}
+        self.gone: list[int] = []
+        """Sampled ranks in the order they were seen ended (polled every turn): a launcher ends the others only
+        after it noticed the first, so the first here is the one that died."""
 
     def start(self, argvs: list[list[str]], env: dict[str, str], output: Output) -> None:
         for index, argv in enumerate(argvs):
@@ -159,6 +163,7 @@ class _Run:
             if turn % 5 == 0:
                 self.known.update((p.pid, p) for p in _descendants(self.procs))
                 self.sample_rss()
+            self.gone += [pid for pid, rank in self.ranks.items() if pid not in self.gone and not _running(rank)]
             for index, proc in enumerate(self.procs):
                 if proc.poll() not in (None, 0) and index not in self.failed_order:
                     self.failed_order.append(index)
@@ -188,14 +193,17 @@ class _Run:
             with contextlib.suppress(Exception):  # psutil.Error: it ended meanwhile
                 label = self.rss[process.pid][0] if process.pid in self.rss else _rank_of(process)
                 self.rss[process.pid] = (label, process.memory_info().rss)
+                self.ranks.setdefault(process.pid, process)
 
     def killed_line(self, name: str, memory_note: str | None) -> str | None:
         """When the first failure was a SIGKILL nobody here sent: which rank, probably for memory. Our own child
-        when it was a rank; else (a launcher reported its rank's -9) the rank that held the most, the one the
-        kernel's OOM killer picks."""
+        when it was a rank; else (a launcher reported its rank's -9) the rank seen ended first, or the one that
+        held the most, which is the one the kernel's OOM killer picks."""
         if not self.failed_order or self.procs[self.failed_order[0]].returncode not in SIGKILL_CODES:
             return None
         first = self.procs[self.failed_order[0]].pid
+        if first not in self.rss and self.gone:
+            first = self.gone[0]
         label, rss = self.rss.get(first) or max(self.rss.values(), key=lambda seen: seen[1], default=("?", None))
         held = f"last RSS {rss / GIB:.2f} GiB" if rss is not None else "no RSS sampled"
         plan = memory_note or "no memory plan for this launch"

@@ -21,13 +21,21 @@ from zero_kit.metrics import GIB
 EXIT_OUT_OF_MEMORY = 1
 
 
+CPU_OUT_OF_MEMORY = "DefaultCPUAllocator: can't allocate memory"
+"""torch's RuntimeError when the host refuses an allocation (an RLIMIT_AS cap, strict overcommit)."""
+
+
 def is_out_of_memory(err: BaseException) -> bool:
-    """torch.OutOfMemoryError (torch.cuda.OutOfMemoryError), or an error that carries its text onwards (DeepSpeed
-    and the Trainer re-raise some as RuntimeError), anywhere in the chain."""
+    """torch.OutOfMemoryError (torch.cuda.OutOfMemoryError), Python's MemoryError, torch's CPU allocator refusing,
+    or an error that carries their text onwards (DeepSpeed and the Trainer re-raise some as RuntimeError),
+    anywhere in the chain."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if type(err).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(err):
+        text = str(err)
+        if type(err).__name__ in ("OutOfMemoryError", "MemoryError") or "CUDA out of memory" in text:
+            return True
+        if CPU_OUT_OF_MEMORY in text:
             return True
         err = err.__cause__ or err.__context__
     return False
