@@ -12,7 +12,9 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", metavar="CHECKPOINT_DIR", help="OUTPUT/checkpoint-N written by zero-kit train")
+    parser.add_argument("checkpoint", metavar="CHECKPOINT_DIR",
+                        help="OUTPUT/checkpoint-N written by zero-kit train; or the OUTPUT of a run still training: "
+                             "its newest complete checkpoint")  # fmt: skip
     parser.add_argument("--out", required=True, metavar="DIR", help="directory to write the exported model into")
     parser.add_argument("--merge", action="store_true", help="LoRA runs: fold the adapters into full weights")
     parser.add_argument(
@@ -31,10 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from zero_kit.train.export import AnonPeak, describe, export_checkpoint, peak_rss_mib
-    from zero_kit.train.export_checks import check_export
+    from zero_kit.train.export_checks import check_export, check_still_complete, live_run_checkpoint
 
+    source = Path(args.checkpoint)
+    live = live_run_checkpoint(source)  # an output a run still trains into: its newest complete checkpoint
+    if live is not None:
+        source = live[0]
+        print(f"zero-kit export: {live[1]}", flush=True)
     check_export(
-        Path(args.checkpoint), Path(args.out), force=args.force, trust_remote_code=args.trust_remote_code
+        source, Path(args.out), force=args.force, trust_remote_code=args.trust_remote_code
     )  # a mistake is said before any import
     # Libraries first, so "before" below is the baseline and the difference is what the export itself holds.
     import torch  # noqa: F401
@@ -42,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     with AnonPeak() as anon:
         out = export_checkpoint(
-            Path(args.checkpoint),
+            source,
             Path(args.out),
             merge=args.merge,
             dtype=args.dtype,
@@ -50,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
             trust_remote_code=args.trust_remote_code,
             force=args.force,
         )
+    if live is not None:
+        check_still_complete(source)
     print(f"zero-kit export: wrote {describe(out)}")
     print(
         f"zero-kit export: peak RSS {peak_rss_mib():.0f} MiB (getrusage ru_maxrss, includes mmapped shard pages); "

@@ -72,8 +72,14 @@ def _say(line: str) -> None:
     print(f"zero-kit: {line}", file=sys.stderr, flush=True)
 
 
-def _clock(epoch: float) -> str:
+def clock(epoch: float) -> str:
+    """An epoch time as this host's wall clock (HH:MM:SS): when a holder took its lock or claim."""
     return time.strftime("%H:%M:%S", time.localtime(epoch))
+
+
+def owner_record() -> dict:
+    """Who this process is, as an owner record names it: pid, host and when it took hold (epoch seconds)."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
 
 
 def lock_holders(lock: Path) -> list[int]:
@@ -112,19 +118,19 @@ def clear_stale_lock(build_dir: Path, recheck_s: float = STALE_RECHECK_S, others
         return "free"
     holders = lock_holders(lock)
     if holders:
-        _say(f"waiting for {build_dir.name}'s build by pid {holders[0]} (lock {lock} since {_clock(first[1] / 1e9)})")
+        _say(f"waiting for {build_dir.name}'s build by pid {holders[0]} (lock {lock} since {clock(first[1] / 1e9)})")
         return "live"
     time.sleep(recheck_s)
     if _identity(lock) != first or lock_holders(lock):  # released (or re-taken) meanwhile: torch handles it
         return "free" if _identity(lock) is None else "live"
     if not others_visible:
         _say(
-            f"waiting on {lock} (from {_clock(first[1] / 1e9)}): no process on this host builds; this filesystem"
+            f"waiting on {lock} (from {clock(first[1] / 1e9)}): no process on this host builds; this filesystem"
             " has no flock, so a build on another host cannot be ruled out: delete the file if none runs"
         )
         return "live"
     lock.unlink(missing_ok=True)
-    _say(f"removed a stale build lock {lock} (from {_clock(first[1] / 1e9)}; its builder is gone)")
+    _say(f"removed a stale build lock {lock} (from {clock(first[1] / 1e9)}; its builder is gone)")
     return "cleared"
 
 
@@ -146,9 +152,8 @@ def owner_lock(owner: Path, what: str) -> Iterator[bool]:
     try:
         locked = _take_slot(fd, owner, what)
         if locked:
-            record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
             os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(record).encode(), 0)
+            os.pwrite(fd, json.dumps(owner_record()).encode(), 0)
         yield locked
     finally:
         os.close(fd)  # drops the flock
@@ -166,9 +171,9 @@ def build_slot(build_dir: Path) -> Iterator[None]:
 def _take_slot(fd: int, owner: Path, what: str) -> bool:
     """The slot's flock, waited for while a live holder has it; False on a filesystem without flock."""
     try:
-        if not _flock_within(fd, QUIET_WAIT_S):
+        if not flock_within(fd, QUIET_WAIT_S):
             record = read_owner(owner.parent, owner.name) or {}
-            since = f"since {_clock(record['started'])}" if "started" in record else "since an unknown time"
+            since = f"since {clock(record['started'])}" if "started" in record else "since an unknown time"
             who = f"pid {record.get('pid', '?')} on {record.get('host', '?')}"
             _say(f"waiting for {what} by {who} ({since}) in {owner.parent}")
             fcntl.flock(fd, fcntl.LOCK_EX)  # a dead holder's flock is gone: this wait ends with a live holder
@@ -179,7 +184,9 @@ def _take_slot(fd: int, owner: Path, what: str) -> bool:
     return True
 
 
-def _flock_within(fd: int, seconds: float) -> bool:
+def flock_within(fd: int, seconds: float) -> bool:
+    """Take the exclusive flock on `fd`, trying for up to `seconds` (0: once); False if a live holder kept it.
+    OSError other than BlockingIOError (no flock on this filesystem) goes to the caller."""
     deadline = time.monotonic() + seconds
     while True:
         try:

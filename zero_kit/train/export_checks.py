@@ -36,6 +36,35 @@ def check_export(checkpoint_dir: Path, out_dir: Path, *, force: bool = False, tr
     return info
 
 
+def live_run_checkpoint(given: Path) -> tuple[Path, str] | None:
+    """`zero-kit export OUTPUT` while a run still trains into OUTPUT (it holds the output's claim,
+    zero_kit.train.claim): (its newest complete checkpoint, the line that says so). A checkpoint being written is
+    never picked: it is complete only once its manifest is there. None: not an output a live run holds."""
+    import time
+
+    from zero_kit.train.claim import is_running
+
+    if checkpoint.checkpoint_step(given) is not None or not given.is_dir():
+        return None
+    holder = is_running(given)
+    if holder is None:
+        return None
+    running = f"the run in {given} is still going ({holder.describe(time.time())})"
+    newest = checkpoint.newest_complete(given)
+    if newest is None:
+        raise UserError(f"{given}: {running} and has no complete checkpoint yet",
+                        "export once it has saved one (every --save-steps, and at its end)")  # fmt: skip
+    return newest, f"{running}: exporting {newest.name}, its newest complete checkpoint"
+
+
+def check_still_complete(ckpt: Path) -> None:
+    """After an export of a live run's checkpoint: the run's rotation (--save-total-limit) did not delete it
+    meanwhile (what was read would be partly missing)."""
+    if not checkpoint.is_complete(ckpt):
+        raise UserError(f"{ckpt}: the running job rotated it away while it was exported",
+                        f"export again: the newest complete checkpoint in {ckpt.parent} is taken")  # fmt: skip
+
+
 def _make_out_dir(out_dir: Path) -> None:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

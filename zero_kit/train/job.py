@@ -18,6 +18,7 @@ from zero_kit.dist import barrier, end_process_group, slurm_to_torch_env, under_
 from zero_kit.errors import UserError
 from zero_kit.model import check_trusted, resolve_model
 from zero_kit.train import checkpoint, fit, oom, preflight, resume, rundata, runfile, startup, stopping, universal
+from zero_kit.train.claim import CLAIM_ENV, hold_claim
 from zero_kit.train.evaluation import trainer_arguments
 from zero_kit.train.inputs import check_inputs
 from zero_kit.train.options import TrainOptions, check_options
@@ -33,6 +34,19 @@ def run_train(opts: TrainOptions) -> int:
     check_options(opts)
     # data, model, output, hostfile: before the relaunch, a process group, an op build, any deletion or heavy import
     check_inputs(opts)
+    # one job per output, taken before anything there is read to resume, deleted or written (zero_kit.train.claim)
+    held = hold_claim(Path(opts.output), {**os.environ, **slurm_to_torch_env(dict(os.environ))})
+    if held.holder is not None:  # handed to the ranks of a relaunch: rank 0 checks it is still this run's
+        os.environ[CLAIM_ENV] = held.holder.token
+    try:
+        return _run_claimed(opts)
+    finally:
+        held.release()
+        if held.holder is not None:
+            os.environ.pop(CLAIM_ENV, None)
+
+
+def _run_claimed(opts: TrainOptions) -> int:
     # a Hub id -> its snapshot directory in the Hugging Face cache (downloaded now, once, if the user allows the
     # network): after every cheap check; the ranks and the run record get the directory
     opts = replace(opts, model=resolve_model(opts.model))
