@@ -14,6 +14,7 @@ from transformers import TrainerCallback
 from zero_kit.dist import any_rank, barrier
 from zero_kit.errors import UserError
 from zero_kit.train import checkpoint
+from zero_kit.train.resumed import apply_resumed_schedule
 from zero_kit.train.stopping import LOG_FILE
 
 
@@ -183,6 +184,15 @@ class SaveAtEndCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= state.max_steps:
             control.should_save = True
+
+
+class ResumedScheduleCallback(TrainerCallback):
+    """A resumed run trains at its flags' peak lr and weight decay, not the checkpoint's (zero_kit.train.resumed):
+    at the start of training, after the Trainer loaded the checkpoint's optimizer and scheduler states."""
+
+    def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs):
+        if state.global_step > 0 and lr_scheduler is not None:
+            apply_resumed_schedule(lr_scheduler, args.learning_rate, args.weight_decay)
 
 
 class HeartbeatCallback(TrainerCallback):

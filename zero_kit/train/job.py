@@ -23,6 +23,7 @@ from zero_kit.train.evaluation import trainer_arguments
 from zero_kit.train.inputs import check_inputs
 from zero_kit.train.options import TrainOptions, check_options
 from zero_kit.train.relaunch import RELAUNCHED, relaunch
+from zero_kit.train.resumed import announce_changes
 from zero_kit.train.run import ResolvedRun, resolve_run
 from zero_kit.watchdog import HEARTBEAT_DIR, Heartbeat
 
@@ -54,6 +55,7 @@ def _run_claimed(opts: TrainOptions) -> int:
     os.environ.update(slurm_to_torch_env(dict(os.environ)))
     speak = os.environ.get("RANK", "0") == "0" and not os.environ.get(RELAUNCHED)
     opts = resume.continue_requeued_job(opts, dict(os.environ), speak)  # Slurm requeued the job: never start over
+    target = None
     if not os.environ.get(RELAUNCHED):  # once per command, before any rank starts: the ranks of a relaunch skip it
         target = resume.check_before_start(opts, dict(os.environ))
         if target is not None and os.environ.get("RANK", "0") == "0":
@@ -64,6 +66,8 @@ def _run_claimed(opts: TrainOptions) -> int:
     # tokenized once, before any launcher, process group or op build: a relaunch's ranks find it ready
     prepared = rundata.prepare(opts, speak)
     clock.mark("prepare")
+    if speak and target is not None:  # flags that differ from the resumed run's: said once, then applied
+        announce_changes(opts, target, str(prepared.train.path))
     if _wants_relaunch(opts):
         os.environ.update(clock.for_ranks())
         return relaunch(opts, opts.nproc, memory_note=memory_note)
@@ -333,6 +337,7 @@ def _trainer(run: ResolvedRun, args, model, tokenizer, data: rundata.Data, run_i
         PerplexityCallback,
         PreemptionCallback,
         ProgressCallback,
+        ResumedScheduleCallback,
         SaveAtEndCallback,
         StartupCallback,
         ThroughputCallback,
@@ -347,6 +352,7 @@ def _trainer(run: ResolvedRun, args, model, tokenizer, data: rundata.Data, run_i
         perplexity,
         ProgressCallback(run.output, throughput),
         SaveAtEndCallback(),
+        ResumedScheduleCallback(),
         StartupCallback(clock, run.output, run.machine.rank == 0),
         preemption,
         *([EvalScheduleCallback(opts.keep_best)] if data.eval_dataset is not None else []),  # sees the save decision
