@@ -17,10 +17,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.support.jobs import VENV_BIN, env, run, zero_kit
-from tests.support.runs import load_safetensors_dir
+from tests.support.runs import assert_saved
 from zero_kit.model import load_model, load_tokenizer
 
 # serial: a rank of `trl sft` on ZeRO-3 aborted at exit ("terminate called without an active exception", after
@@ -97,25 +96,6 @@ def test_accelerate_launch_trainer_script(tmp_path, model_dir, name):
 def rows(data_file: Path) -> int:
     """Examples in a JSONL file: the Trainer's epoch is the share of them read so far, over all ranks."""
     return len(data_file.read_text(encoding="utf-8").splitlines())
-
-
-def assert_saved(out: Path, model_dir: Path) -> None:
-    """The run saved every tensor of the model whole (ZeRO-3 gathers them on save: no empty partition), trained
-    (every matrix moved), and transformers loads exactly those weights with no DeepSpeed config alive."""
-    from transformers import AutoModelForCausalLM
-    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
-
-    saved, initial = load_safetensors_dir(out), load_safetensors_dir(model_dir)
-    assert saved.keys() == initial.keys()
-    assert not [name for name, tensor in saved.items() if tensor.numel() == 0], "empty tensors saved"
-    assert all(saved[name].shape == tensor.shape for name, tensor in initial.items())
-    unchanged = [n for n, t in initial.items() if t.dim() == 2 and torch.equal(saved[n], t.to(saved[n].dtype))]
-    assert not unchanged, f"not trained: {unchanged}"
-    assert not is_deepspeed_zero3_enabled()
-    loaded = AutoModelForCausalLM.from_pretrained(out).state_dict()
-    for name, tensor in saved.items():
-        assert torch.equal(loaded[name].to(tensor.dtype), tensor), name
-    assert all(torch.isfinite(tensor.float()).all() for tensor in saved.values())
 
 
 def test_accelerate_test_cannot_run_deepspeed_on_a_cpu_only_host(tmp_path):

@@ -116,3 +116,22 @@ def assert_losses_continue(out: Path, reference: Path, steps: range, rtol: float
         assert loss == pytest.approx(uninterrupted[step], rel=rtol), (step, loss, uninterrupted[step])
     assert uninterrupted[1] - resumed[steps[0]] > 10 * rtol * uninterrupted[1]
     print(f"\nresumed losses {resumed} vs uninterrupted {uninterrupted}")
+
+
+def assert_saved(out: Path, model_dir: Path) -> None:
+    """The run saved every tensor of the model whole (ZeRO-3 gathers them on save: no empty partition), trained
+    (every matrix moved), and transformers loads exactly those weights with no DeepSpeed config alive."""
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    saved, initial = load_safetensors_dir(out), load_safetensors_dir(model_dir)
+    assert saved.keys() == initial.keys()
+    assert not [name for name, tensor in saved.items() if tensor.numel() == 0], "empty tensors saved"
+    assert all(saved[name].shape == tensor.shape for name, tensor in initial.items())
+    unchanged = [n for n, t in initial.items() if t.dim() == 2 and torch.equal(saved[n], t.to(saved[n].dtype))]
+    assert not unchanged, f"not trained: {unchanged}"
+    assert not is_deepspeed_zero3_enabled()
+    loaded = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    for name, tensor in saved.items():
+        assert torch.equal(loaded[name].to(tensor.dtype), tensor), name
+    assert all(torch.isfinite(tensor.float()).all() for tensor in saved.values())

@@ -119,10 +119,11 @@ def test_every_problem_is_reported_at_once(capsys):
         ["config", "--stage", "2", "--hpz", "--quantized-weights", "--device", "cpu", "--bf16-optimizer-states"]
     )
     err = capsys.readouterr().err
-    # Four since the linter's rules speak per key: --quantized-weights at stage 2 and on CPU are two problems.
-    assert code == 2 and "4 problems" in err, err
+    # Five since the linter's rules speak per key: --quantized-weights at stage 2 and on CPU are two problems, and
+    # --device cpu's precision is fp32, where bf16 states have no section to live in.
+    assert code == 2 and "5 problems" in err, err
     for named in ("--hpz needs a partition size", "--quantized-weights: ZeRO++", "--quantized-weights: needs CUDA",
-                  "--bf16-optimizer-states needs --bf16-master-weights"):  # fmt: skip
+                  "--bf16-optimizer-states needs --bf16-master-weights", "needs --precision bf16 (got fp32)"):  # fmt: skip
         assert named in err, err
 
 

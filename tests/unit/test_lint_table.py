@@ -100,7 +100,7 @@ CASES = [
     ("top-level-stage3-key", {"stage3_prefetch_bucket_size": 1000}, "deepspeed", 4, "stage3_prefetch_bucket_size", "belongs to zero_optimization", "error"),
     ("steps-per-print-string", {"steps_per_print": "10"}, "deepspeed", 4, "steps_per_print", "expected a number, found a string", "error"),
     ("one-bit-optimizer", {"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-4}}}, "deepspeed", 4, "optimizer.type", "older releases", "error"),
-    ("offload-needs-ds-optimizer", z(stage=2, offload_optimizer={"device": "cpu"}), "deepspeed", 4, "optimizer", "DeepSpeedCPUAdam", "warning"),
+    ("offload-needs-ds-optimizer", z(stage=2, offload_optimizer={"device": "cpu"}), "deepspeed", 4, "zero_optimization.offload_optimizer.device", "DeepSpeedCPUAdam", "warning"),
     ("accelerate-unknown-world-size", {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}, "accelerate", None, "train_batch_size", "--world-size", "warning"),
     ("accelerate-needs-zero", {"zero_optimization": ...}, "accelerate", 4, "zero_optimization", "accelerate refuses", "error"),
     ("removed-feature", {"sparse_attention": {"mode": "fixed"}}, "deepspeed", 4, "sparse_attention", "valid only on older DeepSpeed releases", "error"),

@@ -1,7 +1,7 @@
 """A resumed run that changes its flags (issue 39): the one line names each difference from the resumed run's
 record and the value used, and the new peak lr and schedule are what trains, not the checkpoint's (the HF Trainer
 restores the optimizer's and the scheduler's states, whose base lr then wins over --lr). The launch:
-tests/dist/test_output_claim.py."""
+tests/dist/test_output_claim_runs.py."""
 
 from __future__ import annotations
 

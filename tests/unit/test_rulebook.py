@@ -39,6 +39,7 @@ NUMBERS: dict[str, tuple[object, ...]] = {
     "lr": (2e-5, 0.1),
     "weight_decay": (0.0, 0.01),
     "tp": (1, 2, 3, 4),
+    "precision": (None, "bf16", "fp16", "fp32"),  # None: the default, bf16 or (with --device cpu) fp32
 }
 # World shapes the flags can give (none of them contradict each other: that is a flag check).
 WORLDS = (

@@ -85,9 +85,10 @@ def spec_from_args(args: argparse.Namespace) -> ZeroSpec:
             )
         # accelerate fills batch sizes for one process only (see shared/recipes): pin them to numbers.
         world = resolve_world_size(spec.world_size, spec.nodes, spec.gpus_per_node)
-        spec = dataclasses.replace(
-            spec, world_size=world, nodes=None, gpus_per_node=None, micro_batch=spec.micro_batch or 1
-        )
+        # accelerate refuses a config optimizer beside a loop's own; the Trainer builds its own without one.
+        client = True if spec.client_optimizer is None else spec.client_optimizer
+        spec = dataclasses.replace(spec, world_size=world, nodes=None, gpus_per_node=None,
+                                   micro_batch=spec.micro_batch or 1, client_optimizer=client)  # fmt: skip
     return spec
 
 

@@ -37,6 +37,13 @@ class ValidateOptions:
     model: str | None = None
     """Local Hugging Face model directory: its attention and key-value heads (config.json) for the AutoTP rules
     (tensor_parallel.autotp_size). Default: not judged."""
+    script: str | None = None
+    """Your own training script (Python, read, not run): whether it passes its own optimizer and scheduler to
+    accelerate or deepspeed.initialize, builds DeepSpeedCPUAdam, and gives accelerate a CPU process group. Judged
+    against what that consumer does with the config's optimizer and scheduler sections."""
+    client_optimizer: bool | None = None
+    """The script passes its own optimizer and scheduler (an own loop); --no-client-optimizer: it does not (an HF
+    Trainer, or deepspeed.initialize with the config's optimizer). Default: from --script, else unknown."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -133,6 +140,19 @@ def script_arguments(args: argparse.Namespace) -> tuple[Any, str | None]:
     return trainer_args, device
 
 
+def _script_facts(args: argparse.Namespace):
+    """What --script and --client-optimizer say the script does (the flag wins over the reading)."""
+    from zero_kit.lint.own_script import ScriptFacts, read_script
+
+    facts = read_script(args.script) if args.script else ScriptFacts()
+    if args.client_optimizer is not None:
+        facts = ScriptFacts(args.client_optimizer, facts.cpu_adam, facts.process_group_backend)
+    elif args.script and facts.client_optimizer is None:
+        _note(f"{args.script}: cannot tell whether it passes its own optimizer; pass --client-optimizer or"
+              " --no-client-optimizer")  # fmt: skip
+    return facts
+
+
 def run(args: argparse.Namespace) -> int:
     from zero_kit.lint import LintContext, Unreadable
 
@@ -140,6 +160,10 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise UserError(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}", "pass the GPUs of one node")
     trainer_args, device = script_arguments(args)
+    facts = _script_facts(args)
+    if facts.client_optimizer is not None and device is None and args.target == "accelerate":
+        device = _device_here()  # an own loop's CPU trap depends on the machine it runs on
+        _note(f"judged as a {device} run ({'no CUDA' if device == 'cpu' else 'CUDA'} here); pass --device otherwise")
     heads = heads_from_model_dir(args.model)
     context = LintContext(
         attention_heads=heads[0] if heads else None,
@@ -151,6 +175,9 @@ def run(args: argparse.Namespace) -> int:
         ranks_per_node=args.gpus_per_node,
         trainer_args=trainer_args,
         accelerate_use_cpu=os.environ.get("ACCELERATE_USE_CPU"),
+        client_optimizer=facts.client_optimizer,
+        script_cpu_adam=facts.cpu_adam if args.script else None,
+        script_process_group=facts.process_group_backend if args.script else None,
     )
     everything: list[dict[str, Any]] = []
     worst = EXIT_OK

@@ -277,7 +277,7 @@ def map_options(spec: ZeroSpec, run: RunAdjustments) -> dict[str, Any]:
     low_precision = low_precision_sections(spec)
     config["bf16"].update(low_precision.pop("bf16", {}))
     config.update(low_precision)
-    if not run.client_optimizer:
+    if not (run.client_optimizer or spec.client_optimizer):
         config["optimizer"] = with_torch_adam(_optimizer_section(spec)) if run.torch_adam else _optimizer_section(spec)
     config["zero_optimization"] = {**_zero_section(spec), **run.zero_overrides}
     if spec.tp > 1:  # AutoTP training: DeepSpeed shards the model's linears over tp ranks (lint/rules_tp.py)

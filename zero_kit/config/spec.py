@@ -35,8 +35,9 @@ class ZeroSpec(ZeroOptions):
     """ZeRO stage: 0 plain data parallel, 1 shards optimizer state, 2 also gradients, 3 also parameters."""
     pin_memory: bool = True
     """Pin (page-lock) host buffers used by offload: faster copies, but counts against host RAM."""
-    precision: Precision = "bf16"
-    """Training precision: bf16 (Ampere and newer), fp16 (with dynamic loss scaling) or fp32."""
+    precision: Precision | None = None
+    """Training precision: bf16 (Ampere and newer), fp16 (with dynamic loss scaling) or fp32. Default: bf16, and
+    fp32 with --device cpu (DeepSpeed's bf16 and fp16 paths need a GPU)."""
     micro_batch: int | None = None
     """Micro batch per GPU (train_micro_batch_size_per_gpu)."""
     grad_accum: int | None = None
@@ -79,3 +80,12 @@ class ZeroSpec(ZeroOptions):
     torch_autocast: bool = False
     """Run forward/backward under torch.autocast in bf16 (the torch_autocast section; --precision bf16 or fp32):
     precision-sensitive ops stay fp32."""
+    client_optimizer: bool | None = None
+    """The training script builds its own optimizer and scheduler (an own accelerate loop, or one that passes
+    optimizer= to deepspeed.initialize): no "optimizer" section. Default: yes with --accelerate-yaml (accelerate
+    refuses a config optimizer beside the script's, and the HF Trainer then builds its own from its arguments), no
+    otherwise (deepspeed.initialize builds the section's AdamW; a script's own optimizer replaces it)."""
+
+    def __post_init__(self) -> None:
+        if self.precision is None:  # frozen: the resolved default is set once, here
+            object.__setattr__(self, "precision", "fp32" if self.device == "cpu" else "bf16")

@@ -31,8 +31,12 @@ Rules (E: error, W: warning):
   key is derived; W accelerate with unknown world size.
 - E fp16 and bf16 both enabled; E offload_param below stage 3; E offload_optimizer at stage 0; E NVMe optimizer
   offload below stage 3; E NVMe offload without nvme_path; W stage3_* keys below stage 3; W stage 3 for the
-  HF Trainer/accelerate without stage3_gather_16bit_weights_on_model_save (saved weights would be empty);
-  W optimizer offload + client optimizer under plain deepspeed (ZeRORuntimeException unless DeepSpeedCPUAdam).
+  HF Trainer/accelerate without stage3_gather_16bit_weights_on_model_save (saved weights would be empty).
+- Each consumer's contract (rules_consumer; what the script does from `validate --client-optimizer` or `--script`):
+  E an optimizer/scheduler section beside an own accelerate loop's; W a section beside deepspeed.initialize's own
+  (ignored); E no optimizer anywhere under deepspeed.initialize; W/E optimizer offload + the script's own torch
+  optimizer under plain deepspeed (ZeRORuntimeException unless DeepSpeedCPUAdam); W/E an own accelerate loop on a
+  CPU run without a process-group backend (every rank a world of one).
 - ZeRO++ and low-precision states (DeepSpeed's parse accepts these; initialize or the first step fails): E hpZ
   (zero_hpz_partition_size > 1), qwZ/qgZ (zero_quantized_*) below stage 3 (ignored there); E hpZ size not dividing
   the world size; W hpZ size above the world size (shrunk to it) or not dividing the ranks per node (shards span
@@ -58,7 +62,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zero_kit.lint import ds_parse, rules_batch, rules_tp, rules_trainer, rules_zero, rules_zeropp
+from zero_kit.lint import ds_parse, rules_batch, rules_consumer, rules_tp, rules_trainer, rules_zero, rules_zeropp
 from zero_kit.lint import rules as lint_rules
 from zero_kit.lint import schema as lint_schema
 from zero_kit.lint.problem import ROOT, LintContext, Problem
@@ -109,6 +113,7 @@ def _rule_pass(config: dict, context: LintContext) -> tuple[list[Problem], int]:
     problems += rules_tp.tp_rules(config, context)
     problems += lint_rules.scheduler_rules(config)
     problems += rules_trainer.trainer_rules(config, context)
+    problems += rules_consumer.consumer_rules(config, context)
     return problems, world_size
 
 

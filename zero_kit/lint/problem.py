@@ -75,6 +75,12 @@ class LintContext:
     """The model's attention heads (None: no model given; AutoTP's head checks are skipped)."""
     kv_heads: int | None = None
     """The model's key-value heads (grouped-query attention; equal to attention_heads without it)."""
+    client_optimizer: bool | None = None
+    """The script passes its own optimizer and scheduler to accelerate / deepspeed.initialize (None: unknown)."""
+    script_cpu_adam: bool | None = None
+    """The script builds DeepSpeedCPUAdam (None: the script was not read)."""
+    script_process_group: bool | None = None
+    """The script gives accelerate a process-group backend (None: the script was not read)."""
 
 
 def _show(value: Any) -> str:

@@ -29,10 +29,8 @@ def zero_rules(config: dict, target: Target) -> list[Problem]:
         return []
     stage = zero.get("stage", 0)
     stage = stage if isinstance(stage, int) and not isinstance(stage, bool) else None
-    optim_dev = _device(config, "offload_optimizer")
     problems = _offload_rules(config, stage)
     problems += _stage3_rules(zero, stage, target)
-    problems += _client_optimizer_rule(config, optim_dev, target)
     return problems
 
 
@@ -82,25 +80,6 @@ def _offload_rules(config: dict, stage: int | None) -> list[Problem]:
                 )
             )
     return problems
-
-
-def _client_optimizer_rule(config: dict, optim_dev: Any, target: Target) -> list[Problem]:
-    """With optimizer offload and no optimizer section, the script's own optimizer is used; DeepSpeed raises
-    ZeRORuntimeException unless it is DeepSpeedCPUAdam (accelerate, and so the HF Trainer, swap it in themselves)."""
-    if target != "deepspeed" or optim_dev not in ("cpu", "nvme") or "optimizer" in config:
-        return []
-    if config.get("zero_force_ds_cpu_optimizer", True) is False:
-        return []
-    return [
-        Problem(
-            "warning",
-            "optimizer",
-            None,
-            "optimizer offload with the script's own optimizer: deepspeed.initialize raises unless it is DeepSpeedCPUAdam",
-            'add an "optimizer" section (e.g. {"type": "AdamW", "params": {...}}), pass DeepSpeedCPUAdam, '
-            'or set "zero_force_ds_cpu_optimizer": false',
-        )
-    ]
 
 
 def _stage3_rules(zero: dict, stage: int | None, target: Target) -> list[Problem]:
