@@ -52,7 +52,10 @@ def model_config_dict(opts: TrainOptions) -> dict | None:
     path = Path(opts.model) / "config.json"
     repo = hub_id(opts.model)
     if repo is not None:
-        path = hub_config_file(repo, download=False)
+        try:
+            path = hub_config_file(repo, download=False)
+        except UserError:  # not in the cache: the model check says so, once
+            return None
         if path is None:
             return None
     try:
