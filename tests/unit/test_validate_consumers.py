@@ -147,3 +147,38 @@ def test_an_unreadable_script_is_named(tmp_path, capsys):
     broken.write_text("def main(:\n")
     code, said = validate(capsys, path, "--for", "accelerate", "--script", str(broken))
     assert code == 2 and "broken.py: line 1" in said, said
+
+
+def test_the_accelerate_yaml_is_checked_against_what_accelerate_reads(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path, _ = config(tmp_path, "--stage", "3", "--device", "cpu", yaml=True)
+    written = tmp_path / "acc.yaml"
+    code, said = validate(capsys, path, "--for", "accelerate", "--accelerate-config", str(written))
+    assert code == 0 and "acc.yaml: OK (0 error(s), 0 warning(s))" in said, said  # what zero-kit config writes
+    text = written.read_text().replace("zero3_init_flag:", "zero3_init_flags:")
+    text = text.replace("deepspeed_config:\n", "deepspeed_config:\n  zero_stage: 3\n") + "use_cpu: true\nfoo: 1\n"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    code, said = validate(capsys, path, "--for", "accelerate", "--accelerate-config", str(bad))
+    assert code == 1 and "bad.yaml: FAILED (3 error(s), 1 warning(s))" in said, said
+    assert "error: deepspeed_config.zero3_init_flags" in said and "did you mean 'zero3_init_flag'" in said
+    assert "error: deepspeed_config.zero_stage" in said and "beside deepspeed_config_file" in said
+    assert "error: foo" in said and "warning: use_cpu" in said
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(written.read_text().replace(str(path), str(tmp_path / "gone.json")))
+    code, said = validate(capsys, path, "--for", "accelerate", "--accelerate-config", str(missing))
+    assert code == 1 and "deepspeed_config.deepspeed_config_file" in said and "no such file" in said, said
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("a: [\n")
+    code, said = validate(capsys, path, "--accelerate-config", str(broken))
+    assert code == 2 and "broken.yaml: line 2 not YAML" in said and "OK" not in said, said  # read before any report
+
+
+def test_accelerate_refuses_the_keys_the_yaml_check_calls_unknown(tmp_path):
+    """accelerate's own loader raises on the top-level key the check calls an error (not only our reading)."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    path = tmp_path / "acc.yaml"
+    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: NO\nfoo: 1\n")
+    with pytest.raises(ValueError, match="unknown keys"):
+        load_config_from_file(str(path))

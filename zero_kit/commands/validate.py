@@ -41,6 +41,9 @@ class ValidateOptions:
     """Your own training script (Python, read, not run): whether it passes its own optimizer and scheduler to
     accelerate or deepspeed.initialize, builds DeepSpeedCPUAdam, and gives accelerate a CPU process group. Judged
     against what that consumer does with the config's optimizer and scheduler sections."""
+    accelerate_config: str | None = None
+    """The `accelerate launch --config_file` YAML too: every key against what the installed accelerate reads (an
+    unknown key, a deepspeed_config key it silently drops, one it refuses beside deepspeed_config_file)."""
     client_optimizer: bool | None = None
     """The script passes its own optimizer and scheduler (an own loop); --no-client-optimizer: it does not (an HF
     Trainer, or deepspeed.initialize with the config's optimizer). Default: from --script, else unknown."""
@@ -161,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}", "pass the GPUs of one node")
     trainer_args, device = script_arguments(args)
     facts = _script_facts(args)
+    accelerate_config = _read_accelerate_config(args.accelerate_config)  # every input read before any report
     if facts.client_optimizer is not None and device is None and args.target == "accelerate":
         device = _device_here()  # an own loop's CPU trap depends on the machine it runs on
         _note(f"judged as a {device} run ({'no CUDA' if device == 'cpu' else 'CUDA'} here); pass --device otherwise")
@@ -196,6 +200,28 @@ def run(args: argparse.Namespace) -> int:
         everything += problems
         if not args.json:
             _print_text(path, problems)
+    if accelerate_config is not None:
+        worst = max(worst, _check_accelerate_config(args, accelerate_config, everything))
     if args.json:
         print(json.dumps(_json_safe(everything), indent=2, default=str))
     return worst
+
+
+def _read_accelerate_config(path: str | None) -> dict | None:
+    from zero_kit.lint.accelerate_yaml import read_yaml
+
+    return read_yaml(path) if path else None
+
+
+def _check_accelerate_config(args: argparse.Namespace, data: dict, everything: list[dict[str, Any]]) -> int:
+    from zero_kit.lint.accelerate_yaml import check_accelerate_yaml
+
+    path = args.accelerate_config
+    found, notes = check_accelerate_yaml(data, args.files)
+    for note in notes:
+        _note(f"{path}: {note}")
+    problems = [{"file": path, **p.to_dict()} for p in found]
+    everything += problems
+    if not args.json:
+        _print_text(path, problems)
+    return EXIT_ERRORS if any(p.severity == "error" for p in found) else EXIT_OK

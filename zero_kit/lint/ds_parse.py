@@ -18,8 +18,9 @@ def check_with_deepspeed(config: dict, world_size: int, filled_autos: list[str])
         node = functools.reduce(lambda d, k: d.get(k, {}), parents, clean)
         node.pop(last, None)
     if any(k in filled_autos for k in BATCH_KEYS):
-        micro = clean.setdefault("train_micro_batch_size_per_gpu", 1)
-        accum = clean.setdefault("gradient_accumulation_steps", 1)
+        # null is DeepSpeed's "not given" (its default): the Trainer fills it as it fills a missing key
+        micro = clean["train_micro_batch_size_per_gpu"] = clean.get("train_micro_batch_size_per_gpu") or 1
+        accum = clean["gradient_accumulation_steps"] = clean.get("gradient_accumulation_steps") or 1
         clean["train_batch_size"] = micro * accum * world_size
     message = deepspeed_parse(clean, world_size)
     if message is None:
