@@ -92,6 +92,7 @@ def main() -> None:
             tokenizer.save_pretrained(out)
             (out / "losses.json").write_text(json.dumps(losses))
     torch.distributed.barrier()
+    torch.distributed.destroy_process_group()  # before the interpreter exits: gloo's threads end cleanly
 
 
 if __name__ == "__main__":

@@ -22,8 +22,10 @@ from tests.support.jobs import VENV_BIN, env, run, zero_kit
 from tests.support.runs import assert_saved
 from zero_kit.model import load_model, load_tokenizer
 
-# serial: a rank of `trl sft` on ZeRO-3 aborted at exit ("terminate called without an active exception", after
-# training and its save) when another launcher test shared the 2 cores (CI run of d0fb5c3); never seen alone.
+# serial: a rank of `trl sft` on ZeRO-3 aborts at exit ("terminate called without an active exception", after
+# training and its save) more often when another launcher test shares the 2 cores (CI run of d0fb5c3; once alone,
+# 2026-11-27). The abort is torch's and tolerated after a whole save (test_trl_sft); a neighbour's load could still
+# make the launcher end rank 0 during its save.
 pytestmark = [pytest.mark.dist, pytest.mark.serial]
 ASSETS = Path(__file__).resolve().parents[2] / "zero_kit" / "assets" / "data"
 SCRIPT = Path(__file__).with_name("hf_trainer_script.py")
@@ -39,6 +41,7 @@ TRAINING_ARGS = [
     *("--max_steps", str(STEPS), "--per_device_train_batch_size", str(MICRO), "--gradient_accumulation_steps", "1"),
     *("--learning_rate", "1e-3", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none"),
 ]
+TORCH_EXIT_ABORT = "terminate called without an active exception"
 # The Trainer's log line, printed by rank 0: {'loss': 7.5, ...} (transformers 4) or {'loss': '7.548', ...} (5).
 LOG_VALUE = r"'{}': '?([-+0-9.eE]+)"
 
@@ -67,8 +70,15 @@ def test_trl_sft(tmp_path, model_dir, name):
     shutil.copy(ASSETS / "chat.jsonl", data / "train.jsonl")  # TRL reads the conversational format as it is
     launch = ["--accelerate_config", str(generate(tmp_path, name)), "--main_process_port", str(PORTS[name])]
     job = ["--model_name_or_path", str(model_dir), "--dataset_name", str(data), "--max_length", "64"]
-    proc = run([str(VENV_BIN / "trl"), "sft", *launch, *job, "--output_dir", str(out), *TRAINING_ARGS], timeout=300)
+    cmd = [str(VENV_BIN / "trl"), "sft", *launch, *job, "--output_dir", str(out), *TRAINING_ARGS]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env())
     text = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        # torch's gloo abort at interpreter exit (docs/own_script.md, "exited 250"): `trl sft` never destroys its
+        # process group, and a rank may die of SIGABRT after the save. Tolerated only in exactly that form, and only
+        # if the save is whole (assert_saved below): anything else, or a save cut short, fails here.
+        assert TORCH_EXIT_ABORT in text and "SIGABRT" in text and "Model saved" in text, text[-4000:]
+        print(f"trl sft exited {proc.returncode}: torch's gloo abort at exit after the save (known, documented)")
     assert text.count("Training completed") == 1, "one main process"  # each rank prints it when both think so
     losses = [float(v) for v in re.findall(LOG_VALUE.format("loss"), text)]
     epochs = [float(v) for v in re.findall(LOG_VALUE.format("epoch"), text)]
