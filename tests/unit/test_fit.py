@@ -75,12 +75,20 @@ def test_llama3_scaling_counts_the_stretched_context():
     assert fit.positions({"max_position_embeddings": 4096, "rope_scaling": None}) == (4096, None, "")
 
 
+def _need(opts: TrainOptions) -> int:
+    """The planned peak of `opts` on this host, all its ranks."""
+    return fit.rank_peak(fit.cpu_view(opts, {}), on_gpu=False) * opts.nproc
+
+
 def test_a_shortfall_of_host_ram_is_refused_with_a_fix_that_passes(tmp_path, monkeypatch):
-    limit = str(int(4.8 * GIB))
+    # between what micro batch 8 and micro batch 1 plan: a smaller micro batch fits, this one does not
+    wanted, smallest = (_need(TrainOptions(nproc=2, micro_batch=m, max_length=512)) for m in (8, 1))
+    limit = str((wanted + smallest) // 2)
     args = ["--nproc", "2", "--micro-batch", "8", "--max-length", "512", "--max-steps", "2"]
     done, seconds = _train(args, tmp_path, {fit.HOST_MEM_ENV: limit})
     said = _refused(done, seconds)
-    assert "does not fit in memory" in said and "x 2 rank(s) on this host" in said and "4.80 GiB host RAM" in said
+    shown = f"{int(limit) / GIB:.2f} GiB host RAM"
+    assert "does not fit in memory" in said and "x 2 rank(s) on this host" in said and shown in said, said
     fix = said.split("fix: add ")[1].split(" (planned")[0]
     assert "--micro-batch" in fix and "--grad-accum" in fix
     # the suggested flags, through the same check (a dry one: nothing is launched)
@@ -98,7 +106,9 @@ def _with_flags(opts: TrainOptions, words: list[str]) -> TrainOptions:
 
 
 def test_a_real_address_space_cap_is_refused(tmp_path):
-    cap = int(2.2 * GIB)  # the imports fit; the plan of 16 sequences of 512 tokens per rank does not
+    # the imports fit; the plan of 16 sequences of 512 tokens per rank does not, that of 1 does
+    wanted, smallest = (_need(TrainOptions(nproc=1, micro_batch=m, max_length=512)) for m in (16, 1))
+    cap = int(fit.ADDRESS_SPACE_OVERHEAD_GIB * GIB) + (wanted + smallest) // 2
 
     def capped() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
@@ -106,7 +116,7 @@ def test_a_real_address_space_cap_is_refused(tmp_path):
     args = ["--micro-batch", "16", "--max-length", "512", "--max-steps", "2"]
     done, seconds = _train(args, tmp_path, {fit.HOST_MEM_ENV: ""}, preexec=capped)
     said = _refused(done, seconds)
-    assert "RLIMIT_AS (ulimit -v) 2.20 GiB per rank x 1" in said and "--micro-batch" in said
+    assert f"RLIMIT_AS (ulimit -v) {cap / GIB:.2f} GiB per rank" in said and "--micro-batch" in said, said
 
 
 def test_no_memory_check_goes_on(monkeypatch):

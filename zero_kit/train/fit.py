@@ -32,6 +32,18 @@ from zero_kit.train.options import TrainOptions
 from zero_kit.train.preflight import HOST_MEM_ENV, host_mem_bytes
 
 WARN_FRACTION = 0.9
+CPU_RANK_BASELINE_GIB = 0.9
+"""Host RAM of a CPU rank before its model: Python, torch, transformers, DeepSpeed, the tokenizer and the data
+pipeline: what a one-rank run holds beyond the planner's terms, 0.73-0.88 GiB at 512-4096 tokens
+(benchmarks/plan_rss). The planner's host_baseline_gib, 2 GiB, is a GPU rank's, with the CUDA libraries loaded."""
+ADDRESS_SPACE_OVERHEAD_GIB = 1.6
+"""What a CPU rank maps beyond its resident set (shared libraries, thread stacks, malloc arenas): an RLIMIT_AS cap
+counts it, the planner's peak (resident bytes) does not. Measured: after importing torch, transformers, DeepSpeed
+and datasets, 1.89 GiB mapped against 0.34 GiB resident."""
+CPU_SCORE_BYTES = 4
+"""Bytes per attention score on the CPU: torch's CPU attention for the collator's mask materialises one layer's
+fp32 scores at a time (micro x heads x s^2 x 4; benchmarks/plan_rss: the measured peak grows with s^2 at that rate,
+where a GPU's flash kernels hold none)."""
 """A planned peak above this fraction of the limit is said as a warning: the plan is an estimate, not a bound."""
 
 
@@ -115,7 +127,8 @@ def rank_peak(view, on_gpu: bool) -> int:
     """The planner's peak per rank of `view` (a `zero_kit.train.run.PlannerView`): on a GPU its total per GPU
     (states, activations, buffers, CUDA context, allocator slack), as `zero-kit plan` prints it; on the CPU the
     same states, activations and buffers in host RAM, without the CUDA context and the caching allocator's slack,
-    plus the stated host baseline per rank (Python, torch and the libraries) and any offloaded states."""
+    plus a CPU rank's baseline (CPU_RANK_BASELINE_GIB), one layer's attention scores (CPU_SCORE_BYTES) and any
+    offloaded states."""
     from zero_kit.plan.memory import Hardware, evaluate, state_terms
 
     info = _strategy_info(view.strategy, view.offload)
@@ -127,7 +140,14 @@ def rank_peak(view, on_gpu: bool) -> int:
     terms = {**option.states, **option.activations, **option.buffers}
     held = sum(value for name, (value, _) in terms.items() if name not in gpu_only)
     _, offloaded, _ = state_terms(view.strategy, view.offload, view.workload, view.ranks_per_node * view.nodes)
-    return held + sum(value for value, _ in offloaded.values()) + view.assume.host_baseline_bytes
+    return held + sum(value for value, _ in offloaded.values()) + cpu_scores_bytes(view.workload) + int(
+        CPU_RANK_BASELINE_GIB * GIB
+    )
+
+
+def cpu_scores_bytes(work) -> int:
+    """One layer's attention scores as CPU attention holds them (CPU_SCORE_BYTES)."""
+    return work.micro_batch * work.shape.heads * work.seq_len**2 * CPU_SCORE_BYTES
 
 
 def _strategy_info(strategy: str, offload: str):
@@ -210,8 +230,12 @@ def available_host_bytes(ranks: int) -> tuple[int, str]:
 
         have, where = psutil.virtual_memory().available, "available host RAM"
     cap = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if cap != resource.RLIM_INFINITY and cap * ranks < have:
-        have, where = cap * ranks, f"RLIMIT_AS (ulimit -v) {_gib(cap)} per rank x {ranks}"
+    if cap != resource.RLIM_INFINITY:
+        usable = max(cap - int(ADDRESS_SPACE_OVERHEAD_GIB * GIB), 0)
+        if usable * ranks < have:
+            have = usable * ranks
+            where = (f"RLIMIT_AS (ulimit -v) {_gib(cap)} per rank, less {ADDRESS_SPACE_OVERHEAD_GIB:g} GiB a rank maps"
+                     f" beyond what it holds, x {ranks}")  # fmt: skip
     return have, where
 
 
