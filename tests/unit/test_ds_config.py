@@ -62,15 +62,22 @@ def test_world_size_from_nodes_and_gpus_and_disagreement():
 
 
 def test_buckets_follow_the_hidden_size():
+    """About two decoder layers (25 h²) per reduce, capped at DeepSpeed's own default (5e8); ZeRO-3's prefetch and
+    persistence as the HF Trainer resolves "auto". The measurements behind it: benchmarks/comm_buckets."""
     assert bucket_sizes(4096) == {
-        "reduce_bucket_size": 4096**2,
+        "reduce_bucket_size": 25 * 4096**2,
         "stage3_prefetch_bucket_size": int(0.9 * 4096**2),
         "stage3_param_persistence_threshold": 40960,
     }
+    assert bucket_sizes(8192)["reduce_bucket_size"] == 500_000_000
     zero = build_ds_config(ZeroSpec(stage=3, hidden_size=64))["zero_optimization"]
-    assert zero["reduce_bucket_size"] == 4096
+    assert zero["reduce_bucket_size"] == 25 * 4096
     assert zero["stage3_prefetch_bucket_size"] == 3686
     assert zero["stage3_param_persistence_threshold"] == 640
+    assert zero["overlap_comm"] is True  # ZeRO-3 overlaps everywhere
+    cpu2 = build_ds_config(ZeroSpec(stage=2, hidden_size=64, device="cpu"))["zero_optimization"]
+    assert cpu2["overlap_comm"] is False  # measured slower on CPU ranks
+    assert build_ds_config(ZeroSpec(stage=2, hidden_size=64))["zero_optimization"]["overlap_comm"] is True
     assert zero["stage3_gather_16bit_weights_on_model_save"] is True
     assert "stage3_prefetch_bucket_size" not in build_ds_config(ZeroSpec(stage=2, hidden_size=64))["zero_optimization"]
 
@@ -159,7 +166,7 @@ def test_cli_writes_json_and_accelerate_yaml(tmp_path):
 def test_cli_reads_hidden_size_from_model_dir(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 256}))
     assert main(["config", "--stage", "2", "--model", str(tmp_path)]) == 0
-    assert json.loads(capsys.readouterr().out)["zero_optimization"]["reduce_bucket_size"] == 65536
+    assert json.loads(capsys.readouterr().out)["zero_optimization"]["reduce_bucket_size"] == 25 * 65536
 
 
 def test_cli_tp_reads_the_heads_from_model_dir_and_validate_agrees(tmp_path, capsys):
@@ -226,3 +233,31 @@ def test_config_command_imports_neither_torch_nor_deepspeed():
 def test_bad_numbers_are_refused_even_without_a_world_size(spec, flag):
     with pytest.raises(UserError, match=flag):
         build_ds_config(spec)
+
+
+def test_bench_zero_override_is_parsed_and_a_misspelt_key_refused():
+    from zero_kit.bench.options import parse_zero_override
+
+    assert parse_zero_override("reduce_bucket_size=4000000, overlap_comm=false") == {
+        "reduce_bucket_size": 4000000,
+        "overlap_comm": False,
+    }
+    assert parse_zero_override("") == {}
+    with pytest.raises(UserError) as err:
+        parse_zero_override("reduce_buckt_size=1,overlap_comm")
+    said = str(err.value)
+    assert "reduce_buckt_size: not a zero_optimization key" in said and "'overlap_comm': not KEY=VALUE" in said
+
+
+def test_zero_kit_train_writes_the_measured_buckets_no_larger_than_what_it_trains():
+    from zero_kit.train.options import TrainOptions
+    from zero_kit.train.trainer_config import trainer_ds_config
+
+    full = trainer_ds_config(TrainOptions(stage=2), device="cpu", hidden_size=192, trainable=3_000_000)
+    assert full["zero_optimization"]["reduce_bucket_size"] == 25 * 192**2
+    assert full["zero_optimization"]["overlap_comm"] is False
+    lora = trainer_ds_config(TrainOptions(stage=3), device="cuda", hidden_size=4096, trainable=4_000_000)
+    zero = lora["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 4_000_000 and zero["overlap_comm"]
+    assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 4096**2)  # it gathers frozen parameters too
+    assert trainer_ds_config(TrainOptions(stage=2))["zero_optimization"]["reduce_bucket_size"] == "auto"  # API

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from zero_kit.config.builder import bucket_sizes
 from zero_kit.config.presets import PRESETS, PRESETS_DIR, write_presets
 
 PRESET_FILES = sorted(PRESETS_DIR.glob("*.json"))
@@ -84,7 +85,7 @@ def test_every_preset_parses_with_deepspeed(path, world_size, monkeypatch):
         parsed.train_micro_batch_size_per_gpu * parsed.gradient_accumulation_steps * world_size
     )
     if stage == 3 and not path.stem.startswith("hf_"):
-        assert parsed.zero_config.prefetch_bucket_size == int(0.9 * 4096 * 4096)
+        assert parsed.zero_config.prefetch_bucket_size == bucket_sizes(4096)["stage3_prefetch_bucket_size"]
     if "offload" in path.stem:
         assert parsed.zero_config.offload_optimizer.device == "cpu"
     if "zeropp" in path.stem:

@@ -49,6 +49,9 @@ class BenchOptions:
     """Seed of the initial weights and of the synthetic data; identical for every strategy."""
     compile: bool = False
     """torch.compile the model in every strategy."""
+    zero_override: str = ""
+    """zero_optimization keys for every ZeRO strategy of the run, KEY=VALUE[,KEY=VALUE...] with JSON values
+    (reduce_bucket_size=4000000,overlap_comm=false): your own communication settings against DDP in one table."""
     ds_comms_log: bool = False
     """Also record DeepSpeed's own comms logger in ZeRO runs (a cross-check of the byte counter; it synchronizes
     after every collective, so leave it off for GPU timings)."""
@@ -69,3 +72,33 @@ class BenchOptions:
     gpus_per_node: int | None = None
     """Ranks per node in a multi-node run (default: the hostfile's slots, else --nproc). On one host, a divisor of
     --nproc makes the ranks count as --nproc / L nodes (link tiers, hpZ and HSDP groups)."""
+
+
+def parse_zero_override(text: str) -> dict:
+    """`--zero-override` as a dict; UserError naming the item and the key when an item is no KEY=VALUE of
+    DeepSpeed's zero_optimization (its own pydantic model: a misspelt key would otherwise change nothing)."""
+    import json
+
+    from zero_kit.errors import UserError, raise_all
+
+    found, problems = {}, []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            problems.append(UserError(f"--zero-override {item!r}: not KEY=VALUE", "e.g. reduce_bucket_size=4000000"))
+            continue
+        try:
+            found[key.strip()] = json.loads(value)
+        except ValueError:
+            found[key.strip()] = value.strip()
+    if found:
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+        known = set(DeepSpeedZeroConfig.model_fields) | {
+            f.alias for f in DeepSpeedZeroConfig.model_fields.values() if f.alias
+        }
+        for key in sorted(set(found) - known):
+            problems.append(UserError(f"--zero-override {key}: not a zero_optimization key of DeepSpeed",
+                                      "use a key of DeepSpeed's zero_optimization section (docs/configs.md)"))  # fmt: skip
+    raise_all(problems, "in --zero-override")
+    return found

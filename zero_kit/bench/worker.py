@@ -147,6 +147,7 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
     import torch
     import torch.distributed as dist
 
+    from zero_kit.bench.options import parse_zero_override
     from zero_kit.bench.record import build_record
     from zero_kit.dist import device_and_backend, end_process_group
     from zero_kit.strategies import StrategyOptions, build_strategy, check_name
@@ -176,6 +177,7 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
             gradient_clipping=opts.gradient_clipping,
             compile=opts.compile,
             ranks_per_node=counter.ranks_per_node,
+            zero_overrides=tuple(parse_zero_override(opts.zero_override).items()),
         )
         strategy = build_strategy(strategy_name, model, options)
         strategy.n_params, strategy.param_numels = n_params, numels

@@ -56,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
             f" --warmup {opts.warmup}",
             "e.g. --nproc 2 --steps 20 --warmup 3",
         )
+    from zero_kit.bench.options import parse_zero_override
+
+    parse_zero_override(opts.zero_override)  # refused before any launch, as the ranks will read it
     _check_outputs(args, opts.out)
     if args.slurm:
         return _write_sbatch(args, opts)

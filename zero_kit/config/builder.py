@@ -103,16 +103,49 @@ def resolve_batch(micro_batch: int | None, grad_accum: int | None, global_batch:
     return Batch(other, 1, global_batch, world_size)
 
 
+BUCKET_LAYERS = 25
+"""Elements per communication bucket, in h² (a LLaMA decoder layer holds about 12 h² parameters): about two layers
+per reduce. Measured (benchmarks/comm_buckets, 2 CPU ranks, fp32): h² buckets, the HF Trainer's "auto" (85
+reduces a step on the 3.1M bench model), held ZeRO-1/2 at 0.48-0.50x DDP's tokens/s; 13 buckets 0.64-0.69x; 3-4
+buckets (25 h²) 0.86-0.88x; on a 58M LLaMA, h² 0.59-0.63x and 25 h² 0.70-0.72x."""
+DEEPSPEED_REDUCE_BUCKET = 500_000_000
+"""DeepSpeed's own default, the cap: a reduce bucket's buffer is bucket x dtype bytes (x2 with overlap_comm)."""
+
+
 def bucket_sizes(hidden_size: int) -> dict[str, int]:
-    """Communication buckets from the hidden size h, as the HF Trainer resolves "auto":
-    reduce h^2, ZeRO-3 prefetch 0.9 h^2, parameters under 10 h stay unpartitioned (persistent)."""
+    """Communication buckets from the hidden size h: reduce BUCKET_LAYERS x h² elements, capped at DeepSpeed's
+    default (5e8). ZeRO-3's prefetch stays 0.9 h² and parameters under 10 h stay unpartitioned, as the HF Trainer
+    resolves "auto": a prefetch of 25 h² was faster on the 3.1M bench model (0.49x -> 0.59x DDP) but held 160 MiB
+    more per rank on a 58M LLaMA for one point of speed (benchmarks/comm_buckets), and ZeRO-3 is chosen to fit."""
     if hidden_size < 1:
         raise UserError(f"hidden size must be positive, got {hidden_size}", "pass --hidden-size H or --model DIR")
     return {
-        "reduce_bucket_size": hidden_size * hidden_size,
+        "reduce_bucket_size": min(BUCKET_LAYERS * hidden_size * hidden_size, DEEPSPEED_REDUCE_BUCKET),
         "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
         "stage3_param_persistence_threshold": 10 * hidden_size,
     }
+
+
+def measured_comm(stage: int, hidden_size: int, device: str, trainable: int | None = None) -> dict[str, Any]:
+    """The zero_optimization keys of the measured rule (bucket_sizes, overlap_comm) for `stage`, as numbers: what
+    a run that knows its model writes where the HF Trainer would fill "auto" with h² buckets. `trainable`: the
+    parameters that get gradients; no reduce bucket is larger (DeepSpeed allocates the whole bucket: a LoRA run would
+    hold a buffer for parameters it does not train)."""
+    if stage == 0:
+        return {}
+    buckets = bucket_sizes(hidden_size)
+    if trainable:  # the prefetch gathers every parameter, trained or not: only the reduce can shrink
+        buckets["reduce_bucket_size"] = min(buckets["reduce_bucket_size"], trainable)
+    keys = ("reduce_bucket_size",) + (("stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+                                      if stage == 3 else ())  # fmt: skip
+    return {"overlap_comm": overlap_comm(stage, device), **{key: buckets[key] for key in keys}}
+
+
+def overlap_comm(stage: int, device: str) -> bool:
+    """ZeRO-3 always overlaps (DeepSpeed's default there). ZeRO-1/2 overlap on GPUs, where the reduce runs on its
+    own stream (the HF docs' ZeRO-2 example), not on CPU ranks, where gloo shares the cores with backward: measured
+    0.80x vs 0.84x DDP (ZeRO-1) and 0.80x vs 0.89x (ZeRO-2) with one bucket (benchmarks/comm_buckets)."""
+    return stage == 3 or device != "cpu"
 
 
 def _known_world_size(spec: ZeroSpec) -> int | None:
@@ -152,7 +185,7 @@ def _sharding_keys(spec: ZeroSpec) -> dict[str, Any]:
     buckets = {key: AUTO for key in bucket_sizes(1)} if spec.hf_auto else None
     if buckets is None and spec.hidden_size is not None:
         buckets = bucket_sizes(spec.hidden_size)
-    zero["overlap_comm"] = True
+    zero["overlap_comm"] = overlap_comm(spec.stage, spec.device)
     zero["contiguous_gradients"] = True
     if buckets is not None:
         zero["reduce_bucket_size"] = buckets["reduce_bucket_size"]

@@ -266,7 +266,7 @@ def buffer_terms(
         terms["root params unsharded"] = (root * a, f"Vh x {a}" if s.tie_word_embeddings else f"2Vh x {a}")
     elif strategy in ("zero0", "zero1", "zero2"):
         grad_bytes = 4 if strategy == "zero1" else a  # ZeRO-1 stages its bucket in fp32
-        terms["reduce buckets (x2, overlap_comm)"] = (2 * reduce_bucket * grad_bytes, f"2 x h² x {grad_bytes}")
+        terms["reduce buckets (x2, overlap_comm)"] = (2 * reduce_bucket * grad_bytes, f"2 x 25h² x {grad_bytes}")
         if strategy != "zero0" and offload == "none" and not work.lora_r:
             # DeepSpeed keeps whole the gradients of parameters at its partition's edges (accounting.py)
             edge = max(zero12_edge_grad_bytes(s.param_numels(), world_size, work.precision))
@@ -280,7 +280,7 @@ def buffer_terms(
         terms["largest layer gathered + grad"] = (s.largest_layer_params * 2 * a, f"largest layer x {2 * a}")
         terms["one block gathered"] = (s.block_params * a, f"block x {a}")
         terms["prefetch bucket"] = (buckets["stage3_prefetch_bucket_size"] * a, f"0.9h² x {a}")
-        terms["reduce buckets (x2)"] = (2 * reduce_bucket * a, f"2 x h² x {a}")
+        terms["reduce buckets (x2)"] = (2 * reduce_bucket * a, f"2 x 25h² x {a}")
         terms["persistent small params"] = ((2 * s.layers + 1) * s.hidden_size * a, f"(2L+1)h x {a}")
     return terms
 

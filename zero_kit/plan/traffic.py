@@ -130,7 +130,7 @@ def collectives(info: StrategyInfo, work: Workload, ranks_per_node: int = 1) -> 
             calls = _ceil(trainable, work.shape.hidden_size**2)
             return [Collective("all-reduce grads", "allreduce", a * trainable, calls, False)]
         case "zero1" | "zero2":
-            buckets = _ceil(trainable, work.shape.hidden_size**2)  # zero_kit.config.builder.bucket_sizes
+            buckets = _ceil(trainable, _reduce_bucket(work.shape.hidden_size))
             gathers = _ceil(trainable, ALLGATHER_BUCKET_ELEMENTS)
             return [
                 Collective("all-reduce grad buckets", "allreduce", a * trainable, buckets, True),
@@ -154,9 +154,16 @@ def _zero3(info: StrategyInfo, work: Workload, a: int, psi: int, trainable: int,
         group = "node" if info.hierarchy == "hpz" and per_node > 1 else "world"  # hpZ needs 2+ ranks per node
         calls = _ceil(modules * regathered / psi, 1)
         out.append(Collective("all-gather params (bwd)", "allgather", a * regathered, calls, True, group))
-    buckets = _ceil(trainable, shape.hidden_size**2)
+    buckets = _ceil(trainable, _reduce_bucket(shape.hidden_size))
     out.append(Collective("reduce-scatter grads", "reducescatter", a * trainable, buckets, True))
     return out
+
+
+def _reduce_bucket(hidden_size: int) -> int:
+    """The generator's reduce bucket in elements (zero_kit.config.builder.bucket_sizes)."""
+    from zero_kit.config.builder import bucket_sizes
+
+    return bucket_sizes(hidden_size)["reduce_bucket_size"]
 
 
 def _fsdp(info: StrategyInfo, work: Workload, a: int, psi: int, trainable: int, per_node: int) -> list[Collective]:

@@ -227,7 +227,7 @@ def build_strategy(name: str, model, options: StrategyOptions) -> Strategy:
             from zero_kit.strategies.deepspeed import DeepSpeedStrategy, ZeroSetup
 
             offload = "cpu" if info.offload_optimizer else "none"
-            zero = dict(info.zero_overrides)
+            zero = {**info.zero_overrides, **dict(options.zero_overrides)}
             secondary = info.secondary_ranks(options.world_size, options.ranks_per_node)
             if secondary:
                 zero["zero_hpz_partition_size"] = secondary

@@ -23,6 +23,9 @@ class StrategyOptions:
     compile: bool = False
     ranks_per_node: int = 0
     """Ranks that count as one node (hpZ's secondary partition, HSDP's mesh); 0: all ranks are one node."""
+    zero_overrides: tuple[tuple[str, object], ...] = ()
+    """zero_optimization keys over the generator's and the variant's, for every ZeRO strategy (bench
+    --zero-override)."""
 
 
 class Strategy:

@@ -75,6 +75,7 @@ def ds_config_for(options: StrategyOptions, setup: ZeroSetup, hidden_size: int) 
         bf16_master_weights=low_precision_states,
         bf16_optimizer_states=low_precision_states,
         torch_autocast=low_precision_states,
+        device="cpu" if options.device.startswith("cpu") else "cuda",
     )
     run = RunAdjustments(client_optimizer=offload_optimizer == "none", steps_per_print=1_000_000, zero_overrides=zero)
     config = build_ds_config(spec, run)

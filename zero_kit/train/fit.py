@@ -140,8 +140,11 @@ def rank_peak(view, on_gpu: bool) -> int:
     terms = {**option.states, **option.activations, **option.buffers}
     held = sum(value for name, (value, _) in terms.items() if name not in gpu_only)
     _, offloaded, _ = state_terms(view.strategy, view.offload, view.workload, view.ranks_per_node * view.nodes)
-    return held + sum(value for value, _ in offloaded.values()) + cpu_scores_bytes(view.workload) + int(
-        CPU_RANK_BASELINE_GIB * GIB
+    return (
+        held
+        + sum(value for value, _ in offloaded.values())
+        + cpu_scores_bytes(view.workload)
+        + int(CPU_RANK_BASELINE_GIB * GIB)
     )
 
 

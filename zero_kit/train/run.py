@@ -121,7 +121,9 @@ def resolve_run(opts: TrainOptions, machine: Machine | None = None) -> ResolvedR
     (`detect_machine()`) unless given. Raises UserError for a config or flags this run cannot use."""
     machine = machine or detect_machine()
     device = "cuda" if machine.on_gpu else "cpu"
-    ds_config = trainer_ds_config(opts, torch_adam=not machine.on_gpu, device=device)
+    work = workload_of(opts, "fp32")  # the shape only: precision changes no width
+    ds_config = trainer_ds_config(opts, torch_adam=not machine.on_gpu, device=device, hidden_size=work.shape.hidden_size,
+                                  trainable=work.trainable_params or work.n_params)  # fmt: skip
     from_file = opts.ds_config is not None
     options = adopt_file_values(opts, ds_config) if from_file else opts
     file_decided = options.precision != opts.precision  # --precision auto, and the file enables bf16 or fp16
