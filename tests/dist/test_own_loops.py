@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.jobs import VENV_BIN, run, zero_kit
-from tests.support.runs import assert_saved
-from zero_kit.model import load_model, load_tokenizer
+from tests.support.runs import assert_saved, tiny_model_dir
 
 pytestmark = pytest.mark.dist
 HERE = Path(__file__).resolve().parent
@@ -37,10 +36,8 @@ USER = ["--world-size", str(WORLD), "--micro-batch", str(MICRO), "--device", "cp
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("tiny_llama")
-    load_model(None, seed=0).save_pretrained(path)
-    load_tokenizer(None).save_pretrained(path)
-    return path
+    """The embedded tiny LLaMA and the shipped tokenizer as a model directory, written once for every run."""
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny_llama"))
 
 
 def _launch(launcher: str, name: str, tmp_path: Path, model_dir: Path) -> tuple[Path, Path]:

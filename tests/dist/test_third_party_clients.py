@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.jobs import VENV_BIN, env, run, zero_kit
-from tests.support.runs import assert_saved
-from zero_kit.model import load_model, load_tokenizer
+from tests.support.runs import assert_saved, tiny_model_dir
 
 # serial: a rank of `trl sft` on ZeRO-3 aborts at exit ("terminate called without an active exception", after
 # training and its save) more often when another launcher test shares the 2 cores (CI run of d0fb5c3; once alone,
@@ -49,10 +48,7 @@ LOG_VALUE = r"'{}': '?([-+0-9.eE]+)"
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     """The embedded tiny LLaMA and the shipped tokenizer as a model directory, written once for every run."""
-    path = tmp_path_factory.mktemp("tiny_llama")
-    load_model(None, seed=0).save_pretrained(path)
-    load_tokenizer(None).save_pretrained(path)
-    return path
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny_llama"))
 
 
 def generate(tmp_path: Path, name: str) -> Path:

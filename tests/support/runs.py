@@ -135,3 +135,13 @@ def assert_saved(out: Path, model_dir: Path) -> None:
     for name, tensor in saved.items():
         assert torch.equal(loaded[name].to(tensor.dtype), tensor), name
     assert all(torch.isfinite(tensor.float()).all() for tensor in saved.values())
+
+
+def tiny_model_dir(path: Path) -> Path:
+    """The embedded tiny LLaMA (seed 0) and the shipped tokenizer saved as a Hugging Face model directory: what a
+    third-party script loads with from_pretrained."""
+    from zero_kit.model import load_model, load_tokenizer
+
+    load_model(None, seed=0).save_pretrained(path)
+    load_tokenizer(None).save_pretrained(path)
+    return path
