@@ -60,12 +60,14 @@ def _run_claimed(opts: TrainOptions) -> int:
         target = resume.check_before_start(opts, dict(os.environ))
         if target is not None and os.environ.get("RANK", "0") == "0":
             _warn_if_foreign(target)  # its pickles are loaded with weights_only=False by DeepSpeed and the Trainer
-    # the run against the model's positions and this host's RAM: refused here, before the data, a launch or weights
-    memory_note = fit.before_launch(opts, dict(os.environ), speak) if not os.environ.get(RELAUNCHED) else None
     clock = startup.StartupClock()  # time to first step, by stage; a relaunch's ranks go on from its marks
     # tokenized once, before any launcher, process group or op build: a relaunch's ranks find it ready
     prepared = rundata.prepare(opts, speak)
     clock.mark("prepare")
+    # the run against this host's RAM, before a launch or weights: after the data, whose errors are found in a
+    # fraction of a second (the plan needs the tokenizer's vocabulary, 2-3 s of imports), and whose preparation
+    # is cached for the next run if this one is refused
+    memory_note = fit.before_launch(opts, dict(os.environ), speak) if not os.environ.get(RELAUNCHED) else None
     if speak and target is not None:  # flags that differ from the resumed run's: said once, then applied
         announce_changes(opts, target, str(prepared.train.path))
     if _wants_relaunch(opts):
