@@ -126,19 +126,23 @@ def bucket_sizes(hidden_size: int) -> dict[str, int]:
     }
 
 
-def measured_comm(stage: int, hidden_size: int, device: str, trainable: int | None = None) -> dict[str, Any]:
-    """The zero_optimization keys of the measured rule (bucket_sizes, overlap_comm) for `stage`, as numbers: what
-    a run that knows its model writes where the HF Trainer would fill "auto" with h² buckets. `trainable`: the
-    parameters that get gradients; no reduce bucket is larger (DeepSpeed allocates the whole bucket: a LoRA run would
-    hold a buffer for parameters it does not train)."""
-    if stage == 0:
-        return {}
+def measured_buckets(stage: int, hidden_size: int, trainable: int | None = None) -> dict[str, int]:
+    """The bucket keys of `stage` (bucket_sizes), as numbers: what a run that knows its model writes where the HF
+    Trainer would fill "auto" with h². `trainable`: the parameters that get gradients; no reduce bucket is larger
+    (DeepSpeed allocates the whole bucket: a LoRA run would hold a buffer for parameters it does not train)."""
     buckets = bucket_sizes(hidden_size)
     if trainable:  # the prefetch gathers every parameter, trained or not: only the reduce can shrink
         buckets["reduce_bucket_size"] = min(buckets["reduce_bucket_size"], trainable)
+    return _stage_buckets(stage, buckets)
+
+
+def _stage_buckets(stage: int, buckets: dict[str, Any]) -> dict[str, Any]:
+    """The keys of `buckets` that `stage` reads: none at 0, the reduce bucket at 1-3, prefetch and persistence at 3."""
+    if stage == 0:
+        return {}
     keys = ("reduce_bucket_size",) + (("stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
                                       if stage == 3 else ())  # fmt: skip
-    return {"overlap_comm": overlap_comm(stage, device), **{key: buckets[key] for key in keys}}
+    return {key: buckets[key] for key in keys}
 
 
 def overlap_comm(stage: int, device: str) -> bool:
@@ -188,14 +192,11 @@ def _sharding_keys(spec: ZeroSpec) -> dict[str, Any]:
     zero["overlap_comm"] = overlap_comm(spec.stage, spec.device)
     zero["contiguous_gradients"] = True
     if buckets is not None:
-        zero["reduce_bucket_size"] = buckets["reduce_bucket_size"]
+        zero.update(_stage_buckets(spec.stage, buckets))
     if spec.stage in (1, 2):
         zero["allgather_partitions"] = True
         zero["reduce_scatter"] = True
     if spec.stage == 3:
-        if buckets is not None:
-            zero["stage3_prefetch_bucket_size"] = buckets["stage3_prefetch_bucket_size"]
-            zero["stage3_param_persistence_threshold"] = buckets["stage3_param_persistence_threshold"]
         zero["stage3_max_live_parameters"] = 1_000_000_000
         zero["stage3_max_reuse_distance"] = 1_000_000_000
         zero["sub_group_size"] = 1_000_000_000

@@ -213,8 +213,9 @@ def _not_positive(name: str, value: int) -> UserError:
     return UserError(f"{flag} must be >= 1, got {value}", f"pass {flag} 1 or more (zero-kit train --help)")
 
 
-def zero_spec(opts: TrainOptions) -> ZeroSpec:
-    """The generator's spec for `--stage` and friends; "auto" values are filled by the HF Trainer from our flags."""
+def zero_spec(opts: TrainOptions, device: str | None = None) -> ZeroSpec:
+    """The generator's spec for `--stage` and friends; "auto" values are filled by the HF Trainer from our flags.
+    `device`: the run's ("cuda" or "cpu"; None: a GPU is assumed), for what the generator decides by device."""
     return ZeroSpec(
         stage=2 if opts.stage is None else opts.stage,
         offload_optimizer=opts.offload_optimizer,
@@ -222,6 +223,7 @@ def zero_spec(opts: TrainOptions) -> ZeroSpec:
         nvme_path=opts.nvme_path,
         hf_auto=True,
         gradient_clipping=opts.gradient_clipping,
+        device=device or "cuda",
     )
 
 

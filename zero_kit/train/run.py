@@ -18,6 +18,7 @@ from typing import Any
 from zero_kit.dist import device_and_backend, local_world_size, world_size_from_env
 from zero_kit.errors import UserError
 from zero_kit.plan.assumptions import Assumptions
+from zero_kit.plan.shapes import LlamaShape
 from zero_kit.plan.workload import Workload
 from zero_kit.train.options import TrainOptions, default_lr
 from zero_kit.train.trainer_config import trainer_ds_config
@@ -137,7 +138,7 @@ def resolve_run(opts: TrainOptions, machine: Machine | None = None) -> ResolvedR
         from_file=from_file,
         zero_stage=stage,
         learning_rate=default_lr(options),
-        planner=planner_view(ds_config, workload_of(options, precision), machine),
+        planner=planner_view(ds_config, workload_of(options, precision, work.shape), machine),
         nvme_dirs=nvme_dirs(ds_config, from_file),
     )
 
@@ -221,9 +222,9 @@ def model_shape(model_dir: str | None, trust_remote_code: bool = False):
     return shape_from_hf_config(build_config(model_dir, trust_remote_code=trust_remote_code).to_dict())
 
 
-def workload_of(opts: TrainOptions, precision: str) -> Workload:
-    """What the run trains, as the planner's Workload."""
-    shape = model_shape(opts.model, opts.trust_remote_code)
+def workload_of(opts: TrainOptions, precision: str, shape: LlamaShape | None = None) -> Workload:
+    """What the run trains, as the planner's Workload (`shape`: the model's, when it was read already)."""
+    shape = shape or model_shape(opts.model, opts.trust_remote_code)
     return Workload(
         shape=shape,
         n_params=shape.n_params,

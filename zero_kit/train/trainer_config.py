@@ -19,16 +19,16 @@ def trainer_ds_config(
     `opts` has passed `check_options` (once, by the caller). `torch_adam`: the run is on CPU, where an Adam
     section without optimizer offload should use torch's AdamW (see `RunAdjustments.torch_adam`). `device`: the
     run's device ("cuda" or "cpu"; None: unknown), so a file with CUDA-only features (ZeRO++ qwZ/qgZ) is refused
-    on a CPU run before any work. `hidden_size` (the model's, with `device`): the measured buckets and overlap
-    (zero_kit.config.builder.measured_comm) as numbers instead of "auto", which the Trainer fills with h², no bucket
-    larger than the `trainable` parameters."""
-    from zero_kit.config.builder import RunAdjustments, build_ds_config, measured_comm, with_torch_adam
+    on a CPU run before any work, and the generator decides overlap_comm for it. `hidden_size` (the model's): the
+    measured buckets (zero_kit.config.builder.measured_buckets) as numbers instead of "auto", which the Trainer
+    fills with h², no reduce bucket larger than the `trainable` parameters."""
+    from zero_kit.config.builder import RunAdjustments, build_ds_config, measured_buckets, with_torch_adam
 
     if opts.ds_config is None:
         wants = torch_adam and opts.offload_optimizer == "none"
-        spec = zero_spec(opts)
-        comm = measured_comm(spec.stage, hidden_size, device, trainable) if hidden_size and device else {}
-        return build_ds_config(spec, RunAdjustments(torch_adam=wants, zero_overrides=comm))
+        spec = zero_spec(opts, device)
+        buckets = measured_buckets(spec.stage, hidden_size, trainable) if hidden_size else {}
+        return build_ds_config(spec, RunAdjustments(torch_adam=wants, zero_overrides=buckets))
     from zero_kit.lint import LintContext, load_checked
 
     config = load_checked(opts.ds_config, LintContext(target="hf-trainer", device=device), "--ds-config")
