@@ -2,7 +2,8 @@
 ways on, with nothing changed; a holder killed with SIGKILL, one that died elsewhere (its heartbeat stopped) and one
 whose pid was reused are taken over; a requeued Slurm job waits for its own earlier run instead of being refused;
 a relaunch's rank 0 checks the claim it was handed; `zero-kit export` of a live run's output takes its newest
-complete checkpoint. The launches themselves: tests/dist/test_output_claim.py."""
+complete checkpoint. The launches themselves: tests/dist/test_output_claim_runs.py; across two hosts on one
+filesystem: tests/multinode/test_cluster_train.py (the pdsh launch)."""
 
 from __future__ import annotations
 
