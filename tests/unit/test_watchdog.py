@@ -103,6 +103,57 @@ def test_a_rank_blocked_in_its_main_thread_leaves_with_exit_stalled(tmp_path):
     assert "rank 0 stops: rank 1 stopped" in done.stderr
 
 
+def _written(directory) -> dict:
+    return json.loads((directory / "rank0.json").read_text())
+
+
+def test_beats_of_one_phase_wait_with_their_own_time_and_a_new_phase_is_written_at_once(tmp_path):
+    """A beat at every step rewrote the file every step (0.4-4 ms each on ext4: benchmarks/train_overhead): beats
+    of an unchanged phase now wait for write_every_s, keeping the time of the progress they record."""
+    from zero_kit.watchdog import Heartbeat
+
+    heartbeat = Heartbeat(tmp_path, 0, 1, stall_timeout=300, write_every_s=60)
+    heartbeat.beat("train", 1)  # a new phase: written at once
+    for step in range(2, 50):
+        heartbeat.beat("train", step)
+    assert _written(tmp_path)["step"] == 1
+    before = time.time()
+    heartbeat.beat("train", 50)
+    time.sleep(0.05)
+    heartbeat.flush()  # what the watcher thread does every POLL_S
+    last = _written(tmp_path)
+    assert last["step"] == 50 and before <= last["time"] < before + 0.05  # the beat's time, not the write's
+    heartbeat.beat("save", 50)  # a long phase's allowance is in the file before the save starts
+    assert _written(tmp_path)["phase"] == "save"
+    heartbeat.beat("train", 51)
+    assert (_written(tmp_path)["phase"], _written(tmp_path)["step"]) == ("train", 51)
+    heartbeat.flush()  # nothing waits: nothing rewritten
+    assert _written(tmp_path)["step"] == 51
+
+
+def test_a_started_heartbeat_writes_the_last_step_beat_from_its_watcher_thread(tmp_path):
+    """`start` turns the waiting on (a tenth of --stall-timeout, at most WRITE_EVERY_S); the watcher thread writes
+    the last beat within POLL_S, so a rank that stops making progress is reported at the step it reached."""
+    script = textwrap.dedent(f"""
+        import json, time
+        from pathlib import Path
+        from zero_kit.watchdog import POLL_S, Heartbeat
+        directory = Path({str(tmp_path)!r})
+        beat = Heartbeat(directory, rank=0, world_size=1, stall_timeout=3600).start()
+        beat.beat("train", 1)
+        for step in range(2, 200):
+            beat.beat("train", step)
+        print(json.loads((directory / "rank0.json").read_text())["step"])
+        time.sleep(POLL_S + 0.5)
+        print(json.loads((directory / "rank0.json").read_text())["step"])
+        beat.stop()
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    during, after = (int(line) for line in done.stdout.split())
+    assert during < 199 and after == 199
+
+
 def test_nccl_gets_the_same_timeout_and_async_error_handling():
     from zero_kit.watchdog import nccl_watchdog_env
 
