@@ -50,6 +50,7 @@ def test_the_run_is_frozen_and_holds_the_generated_dict():
     assert run.zero_stage == run.ds_config["zero_optimization"]["stage"] == 3
     # on the CPU the Adam section asks for torch's AdamW (RunAdjustments.torch_adam)
     assert run.ds_config["optimizer"]["params"]["torch_adam"] is True
+    assert run.ds_config["optimizer"]["params"]["fused"] is True  # torch's fused CPU kernel, 3-4x its for-loop
     assert "torch_adam" not in resolve_run(TrainOptions(stage=3), GPU_BF16).ds_config["optimizer"]["params"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.precision = "bf16"  # type: ignore[misc]
@@ -154,3 +155,12 @@ def test_generator_flags_beside_a_file_are_refused_before_resolving(tmp_path):
 
     with pytest.raises(UserError, match="--ds-config was given together with --stage"):
         check_options(TrainOptions(ds_config=_file(tmp_path), stage=3))
+
+
+def test_torch_adam_keeps_a_users_foreach_or_fused_choice():
+    from zero_kit.config.builder import with_torch_adam
+
+    for choice in ({"foreach": True}, {"fused": False}):
+        params = with_torch_adam({"type": "AdamW", "params": {"lr": 1e-3, **choice}})["params"]
+        assert params == {"torch_adam": True, "lr": 1e-3, **choice}  # torch refuses foreach and fused together
+    assert with_torch_adam({"type": "Lion", "params": {}}) == {"type": "Lion", "params": {}}

@@ -322,11 +322,16 @@ def map_options(spec: ZeroSpec, run: RunAdjustments) -> dict[str, Any]:
 
 
 def with_torch_adam(optimizer: Any) -> Any:
-    """An Adam/AdamW optimizer section that asks DeepSpeed for torch's AdamW (a copy; others unchanged)."""
+    """An Adam/AdamW optimizer section that asks DeepSpeed for torch's AdamW (a copy; others unchanged), fused:
+    DeepSpeed passes `fused` on to torch.optim.AdamW, whose fused CPU kernel steps 3-4x faster than its default
+    for-loop (0.65 vs 2.55 ms on a 1.6M-element ZeRO partition, 1.8 vs 5.6 ms on a 3.1M-parameter model's
+    tensors; benchmarks/comm_buckets/README.md). A section that names `foreach` or `fused` keeps its choice
+    (torch refuses both at once)."""
     if not isinstance(optimizer, dict) or str(optimizer.get("type", "")).lower() not in ("adam", "adamw"):
         return optimizer
     params = optimizer.get("params") if isinstance(optimizer.get("params"), dict) else {}
-    return {**optimizer, "params": {"torch_adam": True, **params}}
+    fused = {} if {"foreach", "fused"} & set(params) else {"fused": True}
+    return {**optimizer, "params": {"torch_adam": True, **fused, **params}}
 
 
 def dumps(config: dict[str, Any]) -> str:
