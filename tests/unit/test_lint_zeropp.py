@@ -172,3 +172,24 @@ def test_validate_cli_takes_the_device_and_gpus_per_node(tmp_path, capsys):
     assert "needs CUDA" in capsys.readouterr().out
     assert main(["validate", str(path), "--world-size", "12", "--gpus-per-node", "6"]) == 0
     assert "span two nodes" in capsys.readouterr().out
+
+
+def test_module_granularity_on_cpu_is_refused_as_deepspeed_fails_there():
+    """A 2-rank CPU ZeRO-3 run with stage3_module_granularity_threshold 50000 (the bench's 3.1M model) fails at its
+    first step in DeepSpeed 0.19.8's zero_grad: a gradient the grouped modules keep reaches record_stream. The
+    failing call, on DeepSpeed's own code: zero_grad with a CPU gradient left on a parameter."""
+    import torch
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    param = torch.nn.Parameter(torch.zeros(4))
+    param.grad = torch.ones(4)
+    if get_accelerator().device_name() == "cpu":
+        with pytest.raises(RuntimeError, match="unknown parameter type"):
+            DeepSpeedZeroOptimizer_Stage3.zero_grad(SimpleNamespace(fp16_groups=[[param]]), set_to_none=True)
+    config = config_with({"stage": 3, "stage3_module_granularity_threshold": 50000})
+    [problem] = found(config, world_size=2, device="cpu")
+    assert problem[:2] == ("error", "zero_optimization.stage3_module_granularity_threshold")
+    assert "unknown parameter type" in problem[2]
+    assert found(config, world_size=2, device="cuda") == [] and found(config, world_size=2) == []
+    assert found(config_with({"stage": 3, "stage3_module_granularity_threshold": 0}), world_size=2, device="cpu") == []

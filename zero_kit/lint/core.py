@@ -108,7 +108,7 @@ def _rule_pass(config: dict, context: LintContext) -> tuple[list[Problem], int]:
     problems += batch_problems
     problems += rules_batch.integration_batch_rules(config, context)
     problems += lint_rules.precision_rules(config)
-    problems += rules_zero.zero_rules(config, context.target)
+    problems += rules_zero.zero_rules(config, context.target, context.device)
     problems += rules_zeropp.zeropp_rules(config, context)
     problems += rules_tp.tp_rules(config, context)
     problems += lint_rules.scheduler_rules(config)

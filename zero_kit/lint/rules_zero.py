@@ -12,8 +12,9 @@ def _device(config: dict, which: str) -> Any:
     return lookup(config, f"zero_optimization.{which}.device")
 
 
-def zero_rules(config: dict, target: Target) -> list[Problem]:
-    """Offload and stage combinations DeepSpeed accepts silently but that do not do what the user meant."""
+def zero_rules(config: dict, target: Target, device: str | None = None) -> list[Problem]:
+    """Offload and stage combinations DeepSpeed accepts silently but that do not do what the user meant, and
+    stage-3 settings that fail on the run's `device` (None: unknown, not judged)."""
     zero = config.get("zero_optimization")
     if target == "accelerate" and zero is None:
         return [
@@ -31,7 +32,27 @@ def zero_rules(config: dict, target: Target) -> list[Problem]:
     stage = stage if isinstance(stage, int) and not isinstance(stage, bool) else None
     problems = _offload_rules(config, stage)
     problems += _stage3_rules(zero, stage, target)
+    if stage == 3 and device == "cpu":
+        problems += _stage3_cpu_rules(zero)
     return problems
+
+
+def _stage3_cpu_rules(zero: dict) -> list[Problem]:
+    """ZeRO-3 settings DeepSpeed accepts on CPU ranks and then fails on."""
+    threshold = zero.get("stage3_module_granularity_threshold")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold <= 0:
+        return []
+    return [
+        Problem(
+            "error",
+            "zero_optimization.stage3_module_granularity_threshold",
+            threshold,
+            "fails on CPU ranks at the first optimizer step: the fetched-as-one modules keep their gradients until"
+            " zero_grad, which calls record_stream on them (stage3.py), and a CPU tensor has no stream"
+            " ('RuntimeError: unknown parameter type')",
+            "set it to 0 (DeepSpeed's default) for a CPU run; keep it for the GPU cluster",
+        )
+    ]
 
 
 def _offload_rules(config: dict, stage: int | None) -> list[Problem]:
