@@ -15,6 +15,14 @@ Every figure says its unit and how it was measured:
   bytes once, on the sender, in the tier of the link to the receiving rank; receives are not counted (the sender
   already did).
 - memory: peak RSS (getrusage) on CPU; CUDA max allocated / reserved on GPU.
+- communication seconds (while active): wall seconds this rank spends inside a collective call and, for an
+  `async_op=True` call, inside its Work's `wait()` (Work.wait is wrapped while installed; a Work is matched by its
+  id): the *exposed* time, not what ran in a background thread meanwhile. Kinds (COMM_PHASE): reduction
+  (all-reduce, reduce, reduce-scatter) and gather (all-gather, broadcast); sends and all-to-all are not timed.
+  DeepSpeed ZeRO-3 and FSDP2 wait their async all-gathers from Python; DDP's reducer waits on its futures in C++,
+  so the bench's DDP hook waits on them from Python first (strategies/ddp.py). With NCCL a call returns once
+  queued and a wait only makes a stream wait, so on GPUs these seconds are host seconds only. docs/comparing.md
+  says what each strategy's figures hold.
 """
 
 from __future__ import annotations
@@ -42,6 +50,11 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
 }
 # fp32 entries are TF32 tensor-core peaks: the benchmark enables TF32 matmuls when training in fp32 on CUDA.
 
+COMM_PHASE = {"allreduce": "reduction", "reduce": "reduction", "reducescatter": "reduction",
+              "allgather": "gather", "broadcast": "gather"}  # fmt: skip
+"""Which communication phase a collective's seconds belong to (the ring kinds below); sends and all-to-all: none."""
+COMM_PHASES = ("reduction", "gather")
+
 # (function name, which argument holds the payload, ring factor kind)
 _COLLECTIVES = {
     "all_reduce": "allreduce",
@@ -60,6 +73,10 @@ _COLLECTIVES = {
     "send": "p2p",
     "isend": "p2p",
 }
+
+
+_WAIT = "Work.wait"
+_PENDING_LIMIT = 100_000
 
 
 def _nbytes(obj: Any) -> int:
@@ -123,9 +140,14 @@ class CommCounter:
     sent_by_tier: dict[str, float] = field(default_factory=lambda: {"intra_node": 0.0, "inter_node": 0.0})
     ranks_per_node: int = 0
     """L of the link-tier model (0: read the launcher's environment at install)."""
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COMM_PHASES, 0.0))
+    """Exposed seconds in collectives by COMM_PHASE, while active (module doc)."""
     _tiers: dict[int, str] = field(default_factory=dict)
     _local: threading.local = field(default_factory=threading.local)
     _originals: dict[str, Any] = field(default_factory=dict)
+    _pending: dict[int, str] = field(default_factory=dict)
+    """id of an async call's Work -> its COMM_PHASE, until its wait() (only the id: holding the Work would keep
+    its tensors, e.g. ZeRO-3's gathered parameters, alive)."""
 
     def install(self) -> CommCounter:
         import torch.distributed as dist
@@ -144,12 +166,17 @@ class CommCounter:
             for module in (dist, c10d):
                 if hasattr(module, name):
                     setattr(module, name, wrapped)
+        self._originals[_WAIT] = c10d.Work.wait
+        c10d.Work.wait = self._wrap_wait(c10d.Work.wait)
         return self
 
     def uninstall(self) -> None:
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
+        wait = self._originals.pop(_WAIT, None)
+        if wait is not None:
+            c10d.Work.wait = wait
         for name, original in self._originals.items():
             for module in (dist, c10d):
                 if hasattr(module, name):
@@ -157,19 +184,44 @@ class CommCounter:
         self._originals.clear()
 
     def _wrap(self, name: str, original):
+        phase = COMM_PHASE.get(_COLLECTIVES[name])
+
         @functools.wraps(original)
         def counted(*args, **kwargs):
             # Only the outermost call counts: deprecated aliases (e.g. _all_gather_base) call the new names.
             depth = getattr(self._local, "depth", 0)
-            if self.active and depth == 0:
+            outermost = depth == 0
+            if self.active and outermost:
                 self._record(name, _payload_bytes(name, args, kwargs), kwargs.get("group"), _peer(args, kwargs))
             self._local.depth = depth + 1
+            start = time.perf_counter()
             try:
-                return original(*args, **kwargs)
+                work = original(*args, **kwargs)
             finally:
                 self._local.depth = depth
+                if self.active and outermost and phase:
+                    self.seconds[phase] += time.perf_counter() - start
+            if phase and outermost and getattr(work, "wait", None) is not None:  # async_op: the wait is the rest
+                if len(self._pending) > _PENDING_LIMIT:  # Works nobody waits on from Python (ids of dead ones)
+                    self._pending.clear()
+                self._pending[id(work)] = phase
+            return work
 
         return counted
+
+    def _wrap_wait(self, original):
+        @functools.wraps(original)
+        def wait(work, *args, **kwargs):
+            phase = self._pending.pop(id(work), None)
+            if phase is None or not self.active or getattr(self._local, "depth", 0):
+                return original(work, *args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return original(work, *args, **kwargs)
+            finally:
+                self.seconds[phase] += time.perf_counter() - start
+
+        return wait
 
     def _record(self, name: str, payload: int, group, peer: tuple[str, int] | None = None) -> None:
         import torch.distributed as dist
@@ -215,6 +267,8 @@ class CommCounter:
         self.sizes.clear()
         self.sent = 0.0
         self.sent_by_tier = {tier: 0.0 for tier in self.sent_by_tier}
+        self.seconds = dict.fromkeys(COMM_PHASES, 0.0)
+        self._pending.clear()
 
     def summary(self, steps: int) -> dict[str, Any]:
         """Per-step figures over `steps` counted steps."""
@@ -227,6 +281,7 @@ class CommCounter:
             "payload_sizes_by_op": {
                 k: {str(b): n / steps for b, n in sorted(v.items())} for k, v in self.sizes.items()
             },
+            "exposed_seconds_by_phase": {phase: s / steps for phase, s in self.seconds.items()},
         }
 
 

@@ -55,6 +55,9 @@ class BenchOptions:
     ds_comms_log: bool = False
     """Also record DeepSpeed's own comms logger in ZeRO runs (a cross-check of the byte counter; it synchronizes
     after every collective, so leave it off for GPU timings)."""
+    profile: bool = False
+    """Write a torch.profiler chrome trace of one step per strategy (rank 0, the last warm-up step, the bench's phases
+    as named ranges) to OUT/profile/STRATEGY.json."""
     out: str = "bench_out"
     """Output directory: results.jsonl, table.md, PNG plots, logs/."""
     master_port: int = MULTI_NODE_PORT

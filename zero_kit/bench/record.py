@@ -1,17 +1,19 @@
-"""One rank's JSON record of a `zero-kit bench` run: what was measured (losses, step times, bytes held by every
-rank, peak memory, collective bytes, MFU on GPU) and under what (model, batch, versions, hardware). Rank 0 writes
-it; zero_kit.bench.report adds the predictions and comparisons."""
+"""One rank's JSON record of a `zero-kit bench` run: what was measured (losses, step times and their phases, bytes
+held by every rank, peak memory, collective bytes, MFU on GPU) and under what (model, batch, versions, hardware).
+Rank 0 writes it; zero_kit.bench.report adds the predictions and comparisons."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import platform
+import statistics
 from typing import Any
 
 from zero_kit.bench.options import BenchOptions
+from zero_kit.bench.phases import PHASES
 from zero_kit.dist import local_world_size
-from zero_kit.metrics import CommCounter
+from zero_kit.metrics import COMM_PHASES, CommCounter
 
 
 def _compiled_graphs() -> int:
@@ -60,8 +62,11 @@ def build_record(
     steps = opts.steps - opts.warmup
     tiers = counter.summary(steps)["ring_bytes_sent_by_tier"]
     held = strategy.params_held()
+    timed = result["phases"][opts.warmup :]
+    middle = middle_half(result["step_times_s"][opts.warmup :])
+    phases = phase_means([timed[i]["phases"] for i in middle])
     dist.all_gather_object(per_rank, {"state": mine, "mem": peak_memory(device.split(":")[0]), "tiers": tiers,
-                                      "held": held})  # fmt: skip
+                                      "held": held, "phases": phases})  # fmt: skip
     cfg = model.config
     tokens = opts.micro_batch * opts.grad_accum * opts.seq_len
     per_rank_tps = tokens / result["median"]
@@ -85,6 +90,7 @@ def build_record(
         "losses": result["losses"],
         "step_times_s": result["step_times_s"],
         "step_time_s": result["median"],
+        **_phase_entry(phases, timed, middle, result["ds_timers"][opts.warmup :], per_rank),
         "tokens_per_s": {"per_rank": per_rank_tps, "total": per_rank_tps * world},
         "model_state_bytes_per_rank": {**mine, "all_ranks": [r["state"] for r in per_rank], "how": strategy.notes()},
         "peak_mem_bytes": {k: max(r["mem"][k] for r in per_rank) for k in per_rank[0]["mem"]},
@@ -96,6 +102,54 @@ def build_record(
         "options": dataclasses.asdict(opts),
         **_pipeline_entry(result["extra"], opts.warmup),
         **_environment(device),
+    }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def middle_half(step_seconds: list[float]) -> list[int]:
+    """Indices of the steps whose times lie in the middle half (between the quartiles, by rank): the steps the
+    record's phases are averaged over."""
+    order = sorted(range(len(step_seconds)), key=lambda i: step_seconds[i])
+    cut = len(order) // 4
+    return sorted(order[cut : len(order) - cut])
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def phase_means(steps: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Per phase (phases.PHASES), the mean over `steps` in ms; None where a phase is not apart (a pipeline's
+    backward, inside its one schedule phase). Means of the middle half, not medians: means add up, so the phases
+    sum to those steps' mean time, within a few percent of the median step; medians of each phase do not (a slow
+    step is slow in one phase, which each phase's median leaves out but the step's median does not: 89-92% of the
+    median step on a loaded 2-core machine)."""
+    return {phase: _ms(_mean([s[phase] for s in steps if s.get(phase) is not None])) for phase in PHASES}
+
+
+def _phase_entry(phases: dict, timed: list[dict], middle: list[int], ds_timers: list[dict],
+                 per_rank: list[dict]) -> dict[str, Any]:  # fmt: skip
+    """The step's phases (bench.phases.PhaseClock) over the middle half of the timed steps (phase_means), on rank 0
+    and on every rank; each timed step's split on rank 0 (it adds up to that step's time); where the collective
+    seconds fell (each window's wall time and the collective seconds inside it) and DeepSpeed's own timers (ZeRO
+    runs), averaged over the same steps."""
+    windows = {
+        name: {part: _ms(_mean([timed[i]["windows"][name][part] for i in middle])) for part in ("wall", *COMM_PHASES)}
+        for name in (timed[0]["windows"] if timed else ())
+    }
+    names = sorted({name for step in ds_timers for name in step})
+    return {
+        "phases_ms": phases,
+        "phases_ms_by_rank": [r["phases"] for r in per_rank],
+        "phases_by_step_ms": [{k: _ms(v) for k, v in t["phases"].items()} for t in timed],
+        "phases_timed_steps": middle,  # which of phases_by_step_ms the means are of
+        "phase_windows_ms": windows,
+        "ds_timers_ms": (
+            {name: _mean([ds_timers[i].get(name, 0.0) for i in middle]) for name in names} if names else None
+        ),
     }
 
 

@@ -222,11 +222,62 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
             lines += ["", "Not DDP's arithmetic (bf16 master weights, gradients and Adam moments under bf16 autocast), so",
                       f"their losses differ from DDP's by design, max difference measured: {', '.join(differs)}."]  # fmt: skip
         lines += _model_parallel_notes(ok)
+        lines += phase_table(records)
         lines += ["", "Measured bytes are read from the live tensors (storages counted once); comm bytes are what one",
                   "rank sends under the ring algorithm for each collective the counting wrapper saw (metrics.py);",
                   "inter-node bytes: every rank's ring bytes to a successor on another node, summed (ring in rank",
                   "order, node = rank // ranks per node)."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+PHASE_COLUMNS = ("forward", "backward", "reduction", "step", "gather", "other")
+"""The phases of the table, in the record's `phases_ms` (zero_kit.bench.phases.PHASES)."""
+DS_TIMER_COLUMNS = ("fwd", "bwd", "bwd_allreduce", "step")
+
+
+def _phase_cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _phase_row(r: dict[str, Any]) -> str:
+    phases = r["phases_ms"]
+    cells = [r["strategy"], f"{1e3 * r['step_time_s']:.1f}"]
+    for name in PHASE_COLUMNS:
+        cells.append(_phase_cell(phases.get(name)))
+    if phases.get("backward") is None:  # one schedule call: forward holds both
+        cells[2] += " (fwd+bwd)"
+        cells[3] = "in forward"
+    total = sum(v for v in phases.values() if v is not None)
+    cells.append(f"{100 * total / (1e3 * r['step_time_s']):.0f}%")
+    ds = r.get("ds_timers_ms")
+    cells.append(" / ".join(_phase_cell(ds.get(n)) for n in DS_TIMER_COLUMNS) if ds else "-")
+    return "| " + " | ".join(cells) + " |"
+
+
+def phase_table(records: list[dict[str, Any]]) -> list[str]:
+    """Where each strategy's step goes: each phase's mean over the middle half of the timed steps, rank 0
+    (zero_kit.bench.phases, record.phase_means), beside DeepSpeed's own timers of the same steps (ZeRO runs).
+    Records written before phases were measured are left out."""
+    rows = [r for r in records if not r.get("failed") and r.get("phases_ms")]
+    if not rows:
+        return []
+    return [
+        "",
+        "Step phases, ms (rank 0, mean over the middle half of the timed steps; step: the median step):",
+        "",
+        "| strategy | step | forward | backward | reduction | step (optimizer) | gather | other | sum / step |"
+        " DeepSpeed timers fwd / bwd / bwd_allreduce / step |",
+        "|" + "---|" * 10,
+        *[_phase_row(r) for r in rows],
+        "",
+        "forward, backward and step (optimizer) are the wall time of each call less the collective seconds inside it;",
+        "reduction (all-reduce, reduce-scatter, reduce) and gather (all-gather, broadcast) are the seconds the rank",
+        "was held by collectives, wherever they fell: what overlap hid behind compute is not in them (DDP's buckets",
+        "reduced during backward, ZeRO-3's prefetched gathers), only what was waited for; other is the rest of the",
+        "step (the batch moved to the device, the loop). On GPUs NCCL returns at once, so the wait shows in the phase",
+        "that synchronizes instead (docs/comparing.md). DeepSpeed's timers include the collectives: fwd + bwd + step",
+        "is DeepSpeed's view of the whole step (bwd_allreduce: the boundary reduction inside bwd).",
+    ]
 
 
 def _model_parallel_notes(ok: list[dict[str, Any]]) -> list[str]:

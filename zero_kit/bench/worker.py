@@ -7,6 +7,7 @@ appends one JSON record to `--record`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -92,16 +93,73 @@ def _global_mean(value: float | None, device: str) -> float:
     return (t[0] / t[1]).item()
 
 
+def _run_step(strategy, micro: list[dict[str, Any]], phases, label, before_step=None) -> list:
+    """One optimizer step, its windows marked on `phases` (bench.phases.PhaseClock); `label(name)` is a context around
+    each window (the profiler's ranges when profiling); `before_step` runs between the last backward and the step.
+    Returns the micro batches' losses, as tensors or floats."""
+    held = []
+    for i, batch in enumerate(micro):
+        last = i == len(micro) - 1
+        if strategy.phases_apart:
+            with label("forward"):
+                loss = strategy.forward(batch, last)
+            phases.mark("forward")
+            with label("backward"):
+                strategy.backward(loss, last)
+            phases.mark("backward")
+        else:
+            with label("forward_backward"):
+                loss = strategy.forward_backward(batch, last)
+            phases.mark("forward_backward")
+        held.append(loss)
+    if before_step is not None:
+        before_step()
+    with label("step"):
+        strategy.step()
+    phases.mark("step")
+    return held
+
+
+def profile_step(opts: BenchOptions) -> int | None:
+    """The step `--profile` traces: the last warm-up step (the same code as a timed step, left out of the timing so
+    the profiler's cost does not enter the medians); step 0 without warm-up."""
+    return max(opts.warmup - 1, 0) if opts.profile else None
+
+
+def profile_path(opts: BenchOptions, strategy: str) -> Path:
+    """Where rank 0 writes the chrome trace of `strategy` (chrome://tracing, https://ui.perfetto.dev)."""
+    return Path(opts.out) / "profile" / f"{strategy}.json"
+
+
+@contextlib.contextmanager
+def _traced(opts: BenchOptions, strategy: str, device: str, tracing: bool):
+    """Yields the label context of a step's windows: a named range (`zero_kit.forward`, ...) in a torch.profiler
+    trace written on leaving when `tracing` (rank 0, --profile), else nothing."""
+    if not tracing:
+        yield lambda name: contextlib.nullcontext()
+        return
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=activities) as profiler:
+        yield lambda name: record_function(f"zero_kit.{name}")
+    path = profile_path(opts, strategy)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profiler.export_chrome_trace(str(path))
+
+
 def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, device: str, heartbeat) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
+    from zero_kit.bench.phases import PhaseClock
     from zero_kit.metrics import DeepSpeedCommsLog, StepTimer
 
-    world = dist.get_world_size()
+    world, rank = dist.get_world_size(), dist.get_rank()
     split = strategy.data_split()
-    timer = StepTimer(torch.cuda.synchronize if device.startswith("cuda") else None)
-    losses, grads = [], 0
+    sync = torch.cuda.synchronize if device.startswith("cuda") else None
+    timer, phases = StepTimer(sync), PhaseClock(counter, sync)
+    losses, grads, split_steps, ds_timers = [], [0], [], []
     ds_log = DeepSpeedCommsLog() if opts.ds_comms_log and strategy.name.startswith("zero") else None
 
     def counting(active: bool) -> None:
@@ -109,34 +167,38 @@ def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, devic
         if ds_log:
             ds_log.set_active(active)
 
+    def read_grads() -> None:
+        active = counter.active
+        counting(False)  # reading bytes is not part of the step
+        grads[0] = strategy.grad_bytes()
+        counting(active)
+
     for step in range(opts.steps):
         micro = [{k: v.to(device) for k, v in b.items()} for b in rank_micro_batches(step, opts, split, world, vocab)]
-        counting(step >= opts.warmup)
-        timer.start()
-        held = [strategy.forward_backward(b, last=i == len(micro) - 1) for i, b in enumerate(micro)]
-        if step == opts.steps - 1:
-            active = counter.active
-            counting(False)  # reading bytes is not part of the step
-            grads = strategy.grad_bytes()
-            counting(active)
-        strategy.step()
-        elapsed = timer.stop()
-        counting(False)
-        held = [loss for loss in held if loss is not None]
+        with _traced(opts, strategy.name, device, step == profile_step(opts) and rank == 0) as label:
+            counting(step >= opts.warmup)
+            timer.start()
+            phases.begin()
+            held = _run_step(strategy, micro, phases, label, read_grads if step == opts.steps - 1 else None)
+            elapsed = timer.stop()
+            split_steps.append(phases.end(elapsed))
+            counting(False)
+        ds_timers.append(strategy.step_timers())
+        held = [float(loss) for loss in held if loss is not None]
         losses.append(_global_mean(sum(held) / len(held) if held else None, device))
         if heartbeat is not None:
             heartbeat.beat("train", step + 1)
-        if dist.get_rank() == 0:
-            print(
-                f"{PROGRESS} {strategy.name} step {step + 1}/{opts.steps} loss {losses[-1]:.6f} {elapsed:.3f}s",
-                flush=True,
-            )
+        if rank == 0:
+            print(f"{PROGRESS} {strategy.name} step {step + 1}/{opts.steps} loss {losses[-1]:.6f} {elapsed:.3f}s",
+                  flush=True)  # fmt: skip
     params, optimizer = strategy.param_and_optimizer_bytes()
     return {
         "losses": losses,
         "step_times_s": timer.times,
         "median": timer.median(opts.warmup),
-        "bytes": (params, grads, optimizer),
+        "phases": split_steps,
+        "ds_timers": ds_timers,
+        "bytes": (params, grads[0], optimizer),
         "ds_comms_log": ds_log.summary(opts.steps - opts.warmup, world) if ds_log else None,
         "extra": strategy.extra_record(),
     }

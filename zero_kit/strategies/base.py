@@ -1,5 +1,5 @@
 """The interface every backend implements (and the few helpers the native backends share): wrap a model,
-forward + backward one micro batch (gradient accumulation the way the backend intends), step, and report the
+forward and backward one micro batch (gradient accumulation the way the backend intends), step, and report the
 bytes of parameters, gradients and optimizer state this rank really holds (read from the live tensors)."""
 
 from __future__ import annotations
@@ -29,23 +29,47 @@ class StrategyOptions:
 
 
 class Strategy:
-    """Base of every backend. Call order per optimizer step: `forward_backward(batch, last=False)` for each
-    accumulation micro step, `forward_backward(batch, last=True)` for the final one, `grad_bytes()` (optional,
-    grads are complete here), then `step()`."""
+    """Base of every backend. Call order per optimizer step, for each accumulation micro batch in turn:
+    `loss = forward(batch, last)` then `backward(loss, last)`, with last=True for the final micro batch;
+    `grad_bytes()` (optional, grads are complete here), then `step()`. A backend whose schedule cannot run forward
+    apart from backward (a pipeline) sets `phases_apart = False` and is called `forward_backward(batch, last)`
+    instead of the pair; every other backend may be called either way (forward_backward runs the pair).
+
+    The bench times forward, backward and step as separate phases (zero_kit.bench.phases.PhaseClock), so whatever a
+    backend does in a call is that call's phase: keep each call to what its name says."""
 
     name: str = ""
+    phases_apart: bool = True
+    """Whether forward and backward are separate calls (False: only forward_backward)."""
 
     def data_split(self) -> tuple[int, int, int]:
-        """(data-parallel rank, data-parallel ranks, forward_backward calls per step): which rows of the global batch
+        """(data-parallel rank, data-parallel ranks, forward/backward calls per step): which rows of the global batch
         this rank trains on, and in how many pieces. Pure data parallelism: its own rows, one call per micro batch.
         Model-parallel backends override it: the ranks of one replica must see the same rows."""
         import torch.distributed as dist
 
         return dist.get_rank(), dist.get_world_size(), self.options.grad_accum
 
-    def forward_backward(self, batch: dict[str, Any], last: bool) -> float | None:
-        """The batch's mean loss, or None on a rank that computes no loss (a pipeline's first stage)."""
+    def forward(self, batch: dict[str, Any], last: bool) -> Any:
+        """The batch's mean loss as a tensor (what backward takes); `last` is the step's final micro batch."""
         raise NotImplementedError
+
+    def backward(self, loss: Any, last: bool) -> None:
+        """Backward of forward's loss (scaled for accumulation as the backend intends); gradients are reduced when
+        `last`, as the backend does it."""
+        raise NotImplementedError
+
+    def forward_backward(self, batch: dict[str, Any], last: bool) -> float | None:
+        """forward then backward in one call: the batch's mean loss, or None on a rank that computes no loss (a
+        pipeline's first stage)."""
+        loss = self.forward(batch, last)
+        self.backward(loss, last)
+        return None if loss is None else loss.item()
+
+    def step_timers(self) -> dict[str, float]:
+        """The backend's own timers of the optimizer step just taken, in ms (DeepSpeed's wall_clock_breakdown);
+        empty where the backend keeps none."""
+        return {}
 
     def extra_record(self) -> dict[str, Any]:
         """Backend-specific measurements for the record (a pipeline's bubble), gathered after training."""

@@ -51,7 +51,9 @@ def ds_config_for(options: StrategyOptions, setup: ZeroSetup, hidden_size: int) 
       rows tp data-parallel ranks would: the same global batch as every strategy), and a `tensor_parallel` section
       is added. DeepSpeed's batch check counts every rank, TP ranks included (runtime/config.py: world_size is the
       whole world when neither an mpu nor a mesh is passed), so its train_batch_size is tp x the rows trained;
-    - steps_per_print is raised so DeepSpeed's periodic log does not interleave with the progress display."""
+    - steps_per_print is raised so DeepSpeed's periodic log does not interleave with the progress display;
+    - wall_clock_breakdown is on: DeepSpeed's own timers of each step, read by DeepSpeedStrategy.step_timers (the
+      bench's cross-check of its phases; on 2 CPU ranks they cost nothing measurable, see docs/comparing.md)."""
     from zero_kit.config.builder import RunAdjustments, build_ds_config
     from zero_kit.config.spec import ZeroSpec
 
@@ -81,6 +83,7 @@ def ds_config_for(options: StrategyOptions, setup: ZeroSetup, hidden_size: int) 
     config = build_ds_config(spec, run)
     if tp > 1:
         config["tensor_parallel"] = {"autotp_size": tp}
+    config["wall_clock_breakdown"] = True
     return config
 
 
@@ -106,6 +109,8 @@ class DeepSpeedStrategy(_Base):
         if options.compile:
             self.engine.compile()
         self.stage = setup.stage
+        self._timers_ms: dict[str, float] = {}
+        self.engine.timers.log = self._read_timers  # DeepSpeed logs (and resets) its timers; we read them instead
 
     def data_split(self) -> tuple[int, int, int]:
         # DeepSpeed's mesh is (data parallel, tensor parallel): a TP group is tp consecutive ranks on the same rows.
@@ -116,19 +121,38 @@ class DeepSpeedStrategy(_Base):
     def params_held(self) -> int:
         return sum(p.numel() for p in self.engine.module.parameters()) if self.tp > 1 else self.n_params
 
-    def forward_backward(self, batch: dict[str, Any], last: bool) -> float:
+    def forward(self, batch: dict[str, Any], last: bool):
         batch = {k: v.to(self.engine.device) for k, v in batch.items()}
-        loss = self.engine(**batch).loss
+        return self.engine(**batch).loss
+
+    def backward(self, loss, last: bool) -> None:
         # DeepSpeed scales by 1/grad_accum itself and reduces only at its own accumulation boundary, which it
-        # tracks by counting engine.step() calls: every micro step calls step(), the boundary one really steps.
+        # tracks by counting engine.step() calls: every micro step calls step(), the boundary one really steps
+        # (in step()); a micro step's call updates nothing and counts in its backward.
         self.engine.backward(loss)
         if not last:
             self.engine.step()
-        return loss.item()
 
     def step(self) -> None:
         assert self.engine.is_gradient_accumulation_boundary()
         self.engine.step()
+
+    def _read_timers(self, names, normalizer=1.0, reset=True, memory_breakdown=False, ranks=None) -> None:
+        """In place of SynchronizedWallClockTimer.log (which prints on rank 0 and resets): the named timers' ms added to
+        the step's, reset as DeepSpeed would, nothing printed. DeepSpeed logs its engine timers at each engine.step()
+        (fwd, bwd, bwd_inner, bwd_allreduce, step: the optimizer step's sums at its boundary, and their per-micro-step
+        twins) and the ZeRO optimizer's inside its step (ZeRO-1/2: optimizer_gradients, optimizer_step,
+        optimizer_allgather; ZeRO-3: optimizer_step)."""
+        timers = self.engine.timers.timers
+        for name in names:
+            if name in timers and not name.endswith("_microstep"):  # the micro-step twins repeat the sums
+                self._timers_ms[name] = self._timers_ms.get(name, 0.0) + timers[name].elapsed(reset=reset) / normalizer
+            elif name in timers and reset:
+                timers[name].reset()
+
+    def step_timers(self) -> dict[str, float]:
+        taken, self._timers_ms = self._timers_ms, {}
+        return taken
 
     def _inner(self):
         return getattr(self.engine.optimizer, "optimizer", self.engine.optimizer)

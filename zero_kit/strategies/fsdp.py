@@ -59,12 +59,13 @@ class FSDPStrategy(_Base):
             return init_device_mesh(device_type, shape, mesh_dim_names=("replicate", "shard")), None
         raise ValueError(f"unknown FSDP2 hierarchy {self.hierarchy!r}; choose from flat, hsdp, reshard_node")
 
-    def forward_backward(self, batch: dict[str, Any], last: bool) -> float:
+    def forward(self, batch: dict[str, Any], last: bool):
         # FSDP2's accumulation switch: skip reduce-scatter on micro steps, unsharded grads accumulate locally.
         self.module.set_requires_gradient_sync(last)
-        loss = self.run(**batch).loss
+        return self.run(**batch).loss
+
+    def backward(self, loss, last: bool) -> None:
         (loss / self.options.grad_accum).backward()
-        return loss.item()
 
     def step(self) -> None:
         clip_and_step(self.module, self.optimizer, self.options.gradient_clipping, set_to_none=True)

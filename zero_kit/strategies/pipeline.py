@@ -7,6 +7,10 @@ stage's data-parallel peers are neighbours and, on whole nodes, only activations
 stages each stage is wrapped in DDP over its data-parallel peers (torch's stage runs all but the last backward
 under no_sync). Activations and their gradients cross stages as point-to-point sends (counted by metrics.CommCounter).
 
+Phases (the bench's PhaseClock): the schedule runs forward and backward of its micro batches interleaved in one
+call, so they are one phase, reported as forward (backward: none); reductions inside it (the stage's DDP) and the
+optimizer step are split out as for every strategy, while the sends and receives between stages stay in it.
+
 The bubble: each stage's forward and backward compute is timed (the stage's forward_one_chunk and
 backward_one_chunk) inside the schedule's step; its idle fraction is 1 - busy / step wall time, to be held against
 GPipe/1F1B's (p - 1) / (m + p - 1) for p stages and m micro batches.
@@ -73,6 +77,8 @@ def causal_lm_loss(logits, labels):
 
 
 class PipelineStrategy(_Base):
+    phases_apart = False  # Schedule1F1B interleaves micro batches' forwards and backwards in one call
+
     def __init__(self, model, options: StrategyOptions, *, stages: int, name: str = "pp") -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -98,14 +104,15 @@ class PipelineStrategy(_Base):
     def _wrap_ddp(self, module):
         if self.data_world == 1:
             return module
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.nn.parallel import DistributedDataParallel
+
+        from zero_kit.strategies.ddp import WaitedAllReduce
 
         group = self.mesh.get_group("dp")
         ddp = DistributedDataParallel(module, process_group=group)
         # As in strategies/ddp.py: the stock all-reduce hook calls torch.distributed, so the byte counter sees it. Its
-        # state is the group it reduces over (None would mean the whole world: every stage at once, a hang).
-        ddp.register_comm_hook(group, default_hooks.allreduce_hook)
+        # state holds the group it reduces over (None would mean the whole world: every stage at once, a hang).
+        ddp.register_comm_hook(WaitedAllReduce(group), WaitedAllReduce.hook)
         return ddp
 
     def _schedule_for(self, microbatches: int):
