@@ -176,3 +176,18 @@ def test_calibrate_from_a_hand_written_results_file(capsys, tmp_path):
     results.write_text(json.dumps(other) + "\n")
     code, _, err = _cli(capsys, "--gpu-mem", "80GB", "--calibrate", str(results))
     assert code == 2 and "--calibrate" in err and "no usable record" in err
+
+
+@pytest.mark.parametrize("name", ["ddp", "zero2", "zero3", "zero2_offload"])
+def test_phases_regroup_the_same_terms_and_add_up_to_the_step(name):
+    # Issue 36: the planner's step in the bench's phase names, no new model: compute, collectives by kind, hidden.
+    t = step_time(STRATEGIES[name], WORK, HARDWARE, _rates(latency_s=1e-5, overlap=0.8))
+    phases = t.phases
+    assert sum(phases.values()) == pytest.approx(t.step_s)
+    assert phases["forward_backward"] == t.compute_s and phases["hidden_comm"] == -t.hidden_s
+    assert phases["reduction"] + phases["gather"] + phases["p2p"] == pytest.approx(t.comm_s)
+    assert phases["step"] == t.offload_s
+    by_what = _by_what(t)
+    gathers = sum(c.seconds for what, c in by_what.items() if what.startswith("all-gather"))
+    assert phases["gather"] == pytest.approx(gathers) and (gathers > 0) == (name != "ddp")
+    assert phases["reduction"] > 0

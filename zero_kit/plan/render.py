@@ -145,6 +145,7 @@ def timing_json(option: Option) -> dict:
             "overhead_hidden": t.overhead_hidden_s,
             "pipeline_bubble": t.bubble_s,
         },
+        "phases_s": t.phases,
         "collectives": [
             {
                 "what": c.collective.what,

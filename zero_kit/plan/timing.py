@@ -42,13 +42,20 @@ strategy at 200mbit (up to +40-58% for ZeRO-3) while compute + comm alone match;
 
 Step = T_comp + exposed comm + T_offload + exposed overhead. The dominant term is the largest of compute,
 intra-node comm, inter-node comm, offload and overhead (their full times, before overlap).
+
+The same step in the bench's phase names (`StepTime.phases`, `zero-kit plan --json`: timing.phases_s) is a
+regrouping of these terms, not another model: forward_backward = T_comp (the model does not split the two);
+reduction and gather = the full seconds of the reducing (all-reduce, reduce-scatter) and gathering (all-gather)
+collectives; hidden_comm = minus the hidden seconds (the bench's reduction and gather columns are what stayed
+exposed, so they compare with these two less the overlap); p2p = a pipeline's sends; step = T_offload (the GPU's
+own optimizer step is not modelled); other = the exposed overhead. They add up to the step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from zero_kit.metrics import flops_per_token
+from zero_kit.metrics import COMM_PHASE, flops_per_token
 from zero_kit.plan.accounting import DTYPE_BYTES
 from zero_kit.plan.memory import Hardware, Workload, offload_of
 from zero_kit.plan.rates import Rates
@@ -125,6 +132,20 @@ class StepTime:
     @property
     def dominant(self) -> str:
         return max(TERMS, key=lambda name: self.terms[name])
+
+    @property
+    def phases(self) -> dict[str, float]:
+        """The step in the bench's phase names, the same terms regrouped (module doc); the values add up to step_s."""
+        by_kind = {"reduction": 0.0, "gather": 0.0, "p2p": 0.0}
+        for c in self.comms:
+            by_kind[COMM_PHASE.get(c.collective.kind, "p2p")] += c.seconds  # the bench's kinds; sends: p2p
+        return {
+            "forward_backward": self.compute_s,
+            **by_kind,
+            "hidden_comm": -self.hidden_s,
+            "step": self.offload_s,
+            "other": self.overhead_s - self.overhead_hidden_s,
+        }
 
 
 def on_the_wire(collective: Collective, backend: str) -> Collective:
