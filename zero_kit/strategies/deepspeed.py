@@ -52,8 +52,10 @@ def ds_config_for(options: StrategyOptions, setup: ZeroSetup, hidden_size: int) 
       is added. DeepSpeed's batch check counts every rank, TP ranks included (runtime/config.py: world_size is the
       whole world when neither an mpu nor a mesh is passed), so its train_batch_size is tp x the rows trained;
     - steps_per_print is raised so DeepSpeed's periodic log does not interleave with the progress display;
-    - wall_clock_breakdown is on: DeepSpeed's own timers of each step, read by DeepSpeedStrategy.step_timers (the
-      bench's cross-check of its phases; on 2 CPU ranks they cost nothing measurable, see docs/comparing.md)."""
+    - wall_clock_breakdown is on for CPU ranks: DeepSpeed's own timers of each step, read by
+      DeepSpeedStrategy.step_timers (the bench's cross-check of its phases; on 2 CPU ranks they cost nothing
+      measurable, see docs/comparing.md). Not on GPUs: each timer synchronizes the device (start and stop, a dozen
+      a step with the ZeRO optimizer's own), which would cost ZeRO, and not DDP, overlap in a throughput run."""
     from zero_kit.config.builder import RunAdjustments, build_ds_config
     from zero_kit.config.spec import ZeroSpec
 
@@ -83,7 +85,8 @@ def ds_config_for(options: StrategyOptions, setup: ZeroSetup, hidden_size: int) 
     config = build_ds_config(spec, run)
     if tp > 1:
         config["tensor_parallel"] = {"autotp_size": tp}
-    config["wall_clock_breakdown"] = True
+    if options.device.startswith("cpu"):
+        config["wall_clock_breakdown"] = True
     return config
 
 
