@@ -111,6 +111,27 @@ def test_a_reused_pid_is_not_the_holder(tmp_path):
     claim.take(tmp_path, mine).release()
 
 
+def test_a_hostname_two_machines_share_is_not_one_host(tmp_path):
+    """Same hostname, another boot id (another machine, or this one before a reboot): its pid means nothing here, so
+    the heartbeat decides; a record without a boot id (older zero-kit) is judged by the hostname as before."""
+    mine = _me()
+    assert mine.boot_id == claim.boot_id() and mine.boot_id  # Linux: /proc/sys/kernel/random/boot_id
+    alive_pid = {"host": mine.host, "pid": os.getpid(), "pid_started": mine.pid_started}
+    twin = _plant(tmp_path, beat_age_s=claim.STALE_S + 1, boot_id="another-machine", **alive_pid)
+    assert not claim.is_alive(twin, time.time(), mine.host, mine.boot_id)  # not this pid: a stale heartbeat
+    fresh = _plant(tmp_path, beat_age_s=1, pid=1, pid_started=1.0, host=mine.host, boot_id="another-machine")
+    assert claim.is_alive(fresh, time.time(), mine.host, mine.boot_id)  # pid 1 here is not it: a live heartbeat
+    with pytest.raises(UserError, match=f"pid 1 on {mine.host}"):
+        claim.take(tmp_path, mine)
+    legacy = _plant(tmp_path, beat_age_s=1, **alive_pid)
+    assert legacy.boot_id is None and claim.is_alive(legacy, time.time(), mine.host, mine.boot_id)
+    taken = claim.take(tmp_path / "fresh", mine)
+    try:
+        assert claim.read(tmp_path / "fresh" / claim.CLAIM).boot_id == mine.boot_id
+    finally:
+        taken.release()
+
+
 def test_another_hosts_claim_lives_while_its_heartbeat_does(tmp_path):
     """flock may be local to each host on a shared filesystem: another host's holder is judged by its heartbeat."""
     _plant(tmp_path, beat_age_s=5)

@@ -10,6 +10,8 @@ run's life and naming it (host, pid and that process's start time, Slurm job id 
   parent and hands it to its ranks (CLAIM_ENV: rank 0 checks the claim still names its parent before it deletes
   anything); under an outside launcher (torchrun, deepspeed, srun) the process of RANK 0 holds it.
 - Alive or dead: a holder on this host is alive while its pid runs with the recorded start time (pids are reused);
+  this host is the same hostname and the same boot (the kernel's boot id: two machines sharing a hostname, or this
+  one rebooted, are other hosts);
   a holder elsewhere is alive while its heartbeat (the file's mtime, touched every HEARTBEAT_S) is younger than
   STALE_S, since flock on a shared filesystem may be local to each host. An flock held is alive whatever the record
   says: the kernel drops it when its holder dies, also after kill -9. A dead holder's claim is taken over, said in
@@ -60,6 +62,9 @@ class Holder:
     restart: int
     started: float
     beat: float = 0.0
+    boot_id: str | None = None
+    """The kernel's boot id (None: unreadable, or a record written before it was kept): a hostname two machines
+    share is not one host."""
 
     @property
     def token(self) -> str:
@@ -92,7 +97,16 @@ def me(environ: dict[str, str]) -> Holder:
         job_id=environ.get("SLURM_JOB_ID") or None,
         restart=int(restart) if restart.isdigit() else 0,
         started=record["started"],
+        boot_id=boot_id(),
     )
+
+
+def boot_id() -> str | None:
+    """This boot of this machine's kernel (Linux), or None where there is no such file."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip() or None
+    except OSError:
+        return None
 
 
 def read(path: Path) -> Holder | None:
@@ -100,14 +114,18 @@ def read(path: Path) -> Holder | None:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
         fields = {key: record[key] for key in ("host", "pid", "pid_started", "job_id", "restart", "started")}
-        return Holder(**fields, beat=path.stat().st_mtime)
+        return Holder(**fields, beat=path.stat().st_mtime, boot_id=record.get("boot_id"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def is_alive(holder: Holder, now: float, host: str | None = None) -> bool:
-    """On this host: its pid runs with the recorded start time. Elsewhere: its heartbeat is younger than STALE_S."""
-    if holder.host != (host or socket.gethostname()):
+def is_alive(holder: Holder, now: float, host: str | None = None, boot: str | None = None) -> bool:
+    """On this host: its pid runs with the recorded start time. Elsewhere: its heartbeat is younger than STALE_S.
+    This host: `host` (default: this hostname) and, where both records have one, the same boot id (`boot`,
+    default: this kernel's)."""
+    boot = boot or boot_id()
+    other_boot = holder.boot_id is not None and boot is not None and holder.boot_id != boot
+    if holder.host != (host or socket.gethostname()) or other_boot:
         return now - holder.beat < STALE_S
     import psutil
 
@@ -227,7 +245,7 @@ def _try_take(output: Path, mine: Holder) -> tuple[Claim | None, Holder | None]:
             break
         os.close(fd)  # released meanwhile: its holder removed the file we flocked; take the new one
     holder = read(path)
-    if holder is not None and is_alive(holder, time.time(), mine.host):
+    if holder is not None and is_alive(holder, time.time(), mine.host, mine.boot_id):
         os.close(fd)
         return None, holder
     os.ftruncate(fd, 0)
