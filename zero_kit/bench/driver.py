@@ -17,27 +17,26 @@ from pathlib import Path
 
 from zero_kit.bench.options import PROGRESS, BenchOptions
 from zero_kit.bench.placement import place, rank_args
+from zero_kit.bench.user_config import check_user_config, differences, write_launch_copy
 from zero_kit.bench.worker import model_config
 from zero_kit.launch import Placement
 
 RUN_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def _run_one(strategy: str, opts: BenchOptions, index: int, out_dir: Path, where: Placement, progress):
+def _run_one(strategy: str, launcher: str, opts: BenchOptions, index: int, out_dir: Path, where: Placement, progress):
     """Launch one strategy; returns (record or None, log path, the signal that stopped it or None). Progress lines
     from rank 0 go to `progress`."""
     import tempfile
 
     from zero_kit.launch import Launcher, Output, launch_commands, supervise
-    from zero_kit.strategies import check_name
 
     log_path = out_dir / "logs" / f"{strategy}.log"
     fd, record_path = tempfile.mkstemp(suffix=".jsonl", dir=out_dir / "logs")
     os.close(fd)
     run_dir = out_dir / "logs" / f"{strategy}.launch"
     run_dir.mkdir(exist_ok=True)
-    launcher = Launcher(check_name(strategy).launcher)
-    launch = launch_commands("zero_kit.bench", rank_args(strategy, opts, record_path), where, launcher,
+    launch = launch_commands("zero_kit.bench", rank_args(strategy, opts, record_path), where, Launcher(launcher),
                              port=opts.master_port + index, run_dir=run_dir)  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **RUN_ENV}
     with open(log_path, "w", encoding="utf-8") as log:
@@ -69,24 +68,46 @@ def run_bench(opts: BenchOptions, progress=None) -> list[dict]:
 
     names = [n.strip() for n in opts.strategies.split(",") if n.strip()]
     infos = [check_name(name) for name in names]
-    config = model_config(opts)
     where = place(opts, dict(os.environ))
+    user = _user_config(opts, where)
+    if user is not None:  # one more run, after the named strategies
+        names, infos = [*names, user.name], [*infos, user.info]
+    config = model_config(opts)
     for info in infos:
         check_model_parallel(info, where.nodes * where.ranks_per_node, config.num_hidden_layers,
                              config.num_key_value_heads, bool(config.tie_word_embeddings), opts.grad_accum)  # fmt: skip
     out_dir = Path(opts.out)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    if user is not None:
+        write_launch_copy(user, out_dir)
+        differs = differences(user.config, opts)
+        if differs:
+            progress(f"{user.name} trains otherwise than the bench's strategies (its losses differ from DDP's by"
+                     f" design): {'; '.join(differs)}")  # fmt: skip
     records = []
-    for index, name in enumerate(names):
+    for index, (name, info) in enumerate(zip(names, infos, strict=True)):
         how = f"{where.nodes} node(s) x {where.ranks_per_node} rank(s), {where.mode}"
         progress(f"[{index + 1}/{len(names)}] launching {name} on {how}")
-        record, log_path, stopped_by = _run_one(name, opts, index, out_dir, where, progress)
+        record, log_path, stopped_by = _run_one(name, info.launcher, opts, index, out_dir, where, progress)
         if stopped_by is not None:  # Ctrl-C or SIGTERM ends the whole bench, not just this strategy
             _stop(stopped_by, name, records, out_dir)
         records.append(record or failed_record(name, opts, log_path))
     write_outputs(records, out_dir)
     return records
+
+
+def _user_config(opts: BenchOptions, where: Placement):
+    """--ds-config checked for this placement (None without one), judged for this machine's device where the ranks
+    run here or in this allocation (a hostfile's hosts may differ: their device is not judged)."""
+    if not opts.ds_config:
+        return None
+    device = None
+    if where.mode in ("local", "slurm"):
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return check_user_config(opts, where.nodes * where.ranks_per_node, where.ranks_per_node, device)
 
 
 def _stop(signum: int, running: str, finished: list[dict], out_dir: Path):

@@ -52,6 +52,11 @@ class BenchOptions:
     zero_override: str = ""
     """zero_optimization keys for every ZeRO strategy of the run, KEY=VALUE[,KEY=VALUE...] with JSON values
     (reduce_bucket_size=4000000,overlap_comm=false): your own communication settings against DDP in one table."""
+    ds_config: str | None = None
+    """Your own DeepSpeed JSON FILE as one more run beside --strategies (the row ds_config:<file stem>), as written
+    except: the batch keys become --micro-batch and --grad-accum, steps_per_print is raised, DeepSpeed's timers run on
+    CPU only, and on CPU an Adam section uses torch's fused AdamW (not with optimizer offload). Its precision must be
+    --precision's; --zero-override does not apply to it. Checked (and linted for deepspeed) before any launch."""
     ds_comms_log: bool = False
     """Also record DeepSpeed's own comms logger in ZeRO runs (a cross-check of the byte counter; it synchronizes
     after every collective, so leave it off for GPU timings)."""

@@ -49,8 +49,10 @@ def _cpu_model() -> str:
 
 
 def build_record(
-    strategy, opts: BenchOptions, result: dict, model, device: str, counter: CommCounter
+    strategy, opts: BenchOptions, result: dict, model, device: str, counter: CommCounter, info=None
 ) -> dict[str, Any]:
+    """Rank 0's record (every rank joins its gathers); `info`: the run's registry entry (default: the strategy's
+    name in STRATEGIES; a user's own config passes its own)."""
     import torch.distributed as dist
 
     from zero_kit.metrics import flops_per_token, mfu, peak_flops, peak_memory
@@ -83,7 +85,7 @@ def build_record(
             **_model_entry(strategy, model.config, opts.seq_len),
             "params_held_by_rank": [r["held"] for r in per_rank],
         },
-        "parallel": _parallel_entry(strategy.name, world),
+        "parallel": _parallel_entry(info or _registry(strategy.name), world),
         "batch": {"micro": opts.micro_batch, "grad_accum": opts.grad_accum, "global": tokens // opts.seq_len * world},
         "steps": opts.steps,
         "warmup": opts.warmup,
@@ -153,11 +155,14 @@ def _phase_entry(phases: dict, timed: list[dict], middle: list[int], ds_timers: 
     }
 
 
-def _parallel_entry(name: str, world: int) -> dict[str, int]:
-    """The run's degrees: tensor x pipeline ranks per model replica, the rest data parallel (the registry's)."""
+def _registry(name: str):
     from zero_kit.strategies import STRATEGIES
 
-    info = STRATEGIES[name]
+    return STRATEGIES[name]
+
+
+def _parallel_entry(info, world: int) -> dict[str, int]:
+    """The run's degrees: tensor x pipeline ranks per model replica, the rest data parallel (the registry's)."""
     return {"tensor": info.tensor_parallel, "pipeline": info.pipeline_stages, "data": world // info.model_parallel}
 
 

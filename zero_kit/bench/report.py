@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from zero_kit.strategies import STRATEGIES
+from zero_kit.bench.user_config import record_info, table_notes
+from zero_kit.strategies import STRATEGIES, is_user_config
 
 PARITY_TOL = 1e-5
 """fp32: every step's loss within this of DDP's (absolute): the strategies compute the same sums."""
@@ -46,7 +47,7 @@ def predicted_state(record: dict[str, Any]) -> dict[str, Any] | None:
     so each rank gets its own exact figure from the model's parameter sizes (accounting.py)."""
     from zero_kit.plan.accounting import DTYPE_BYTES, strategy_state_bytes, zero12_edge_grad_bytes
 
-    info = STRATEGIES.get(record["strategy"])
+    info = record_info(record)
     if info is None:  # a record of a strategy this version no longer has
         return {"error": f"unknown strategy {record['strategy']!r}; choose from {sorted(STRATEGIES)}"}
     name, offload = info.accounting, info.offload_optimizer
@@ -123,7 +124,7 @@ def predicted_comm(record: dict[str, Any]) -> dict[str, Any] | None:
     from zero_kit.plan.traffic import step_tier_bytes
     from zero_kit.plan.workload import from_record
 
-    info = STRATEGIES.get(record["strategy"])
+    info = record_info(record)
     if info is None or "intermediate" not in record["model"]:
         return None  # a record written before the model's shape was
     if record["batch"]["grad_accum"] != 1 and info.model_parallel == 1:
@@ -140,8 +141,11 @@ def predicted_comm(record: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def same_arithmetic_as_ddp(record: dict[str, Any]) -> bool:
-    """Whether the strategy computes what DDP computes at the run's precision (bf16 states do not in an fp32 run)."""
-    info = STRATEGIES.get(record["strategy"])
+    """Whether the strategy computes what DDP computes at the run's precision (bf16 states do not in an fp32 run; a
+    user's own config does not where it trains otherwise: user_config.differences)."""
+    info = record_info(record)
+    if (record.get("ds_config") or {}).get("differs_from_bench"):
+        return False
     return not (info and info.low_precision_states and record["precision"] == "fp32")
 
 
@@ -217,11 +221,12 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
         lines += ["", f"Model: {model}; batch: {r0['batch']}; steps {r0['steps']} (warm-up {r0['warmup']}"
                   " excluded from timing and bytes)", f"Versions: {r0['versions']}; hardware: {r0['hardware']}"]  # fmt: skip
         differs = [f"{r['strategy']} ({r.get('max_abs_loss_diff_vs_ddp') or 0:.1e})" for r in ok
-                   if not r.get("same_arithmetic_as_ddp", True)]  # fmt: skip
+                   if not r.get("same_arithmetic_as_ddp", True) and not is_user_config(r["strategy"])]  # fmt: skip
         if differs:
             lines += ["", "Not DDP's arithmetic (bf16 master weights, gradients and Adam moments under bf16 autocast), so",
                       f"their losses differ from DDP's by design, max difference measured: {', '.join(differs)}."]  # fmt: skip
         lines += _model_parallel_notes(ok)
+        lines += table_notes(ok)
         lines += phase_table(records)
         lines += ["", "Measured bytes are read from the live tensors (storages counted once); comm bytes are what one",
                   "rank sends under the ring algorithm for each collective the counting wrapper saw (metrics.py);",

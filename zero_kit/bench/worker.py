@@ -15,6 +15,7 @@ from typing import Any
 from zero_kit.bench.options import PROGRESS, BenchOptions
 from zero_kit.dist import set_rank_threads
 from zero_kit.metrics import CommCounter
+from zero_kit.strategies import is_user_config
 from zero_kit.watchdog import Heartbeat
 
 
@@ -160,7 +161,8 @@ def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, devic
     sync = torch.cuda.synchronize if device.startswith("cuda") else None
     timer, phases = StepTimer(sync), PhaseClock(counter, sync)
     losses, grads, split_steps, ds_timers = [], [0], [], []
-    ds_log = DeepSpeedCommsLog() if opts.ds_comms_log and strategy.name.startswith("zero") else None
+    on_deepspeed = strategy.name.startswith("zero") or is_user_config(strategy.name)
+    ds_log = DeepSpeedCommsLog() if opts.ds_comms_log and on_deepspeed else None
 
     def counting(active: bool) -> None:
         counter.active = active
@@ -204,47 +206,68 @@ def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, devic
     }
 
 
+def _build(strategy_name: str, info, user, opts: BenchOptions, device: str, counter: CommCounter):
+    """The seeded model wrapped for the strategy, and the record's "ds_config" of a user's own config (`user`, else
+    None): the config this rank runs, made at its own device (strategies.deepspeed.user_ds_config)."""
+    import torch.distributed as dist
+
+    from zero_kit.bench.options import parse_zero_override
+    from zero_kit.strategies import StrategyOptions, build_strategy
+
+    model = build_model(opts)
+    numels = [p.numel() for p in model.parameters() if p.requires_grad]  # the order DeepSpeed flattens
+    n_params = sum(p.numel() for p in model.parameters())
+    options = StrategyOptions(
+        precision=opts.precision,
+        micro_batch=opts.micro_batch,
+        grad_accum=opts.grad_accum,
+        world_size=dist.get_world_size(),
+        device=device,
+        lr=opts.lr,
+        gradient_clipping=opts.gradient_clipping,
+        compile=opts.compile,
+        ranks_per_node=counter.ranks_per_node,
+        zero_overrides=tuple(parse_zero_override(opts.zero_override).items()),
+    )
+    ds_config, entry = None, None
+    if user is not None:
+        from zero_kit.strategies.deepspeed import user_ds_config
+
+        ds_config, changes = user_ds_config(user.config, options)
+        entry = user.entry(ds_config, changes, opts)
+    strategy = build_strategy(strategy_name, model, options, info, ds_config)
+    strategy.n_params, strategy.param_numels = n_params, numels
+    return model, strategy, entry
+
+
 def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, counter: CommCounter) -> dict:
     """One rank of one strategy run. The counter must be installed before this (and before DeepSpeed)."""
     import torch
     import torch.distributed as dist
 
-    from zero_kit.bench.options import parse_zero_override
     from zero_kit.bench.record import build_record
+    from zero_kit.bench.user_config import read_launch_copy
     from zero_kit.dist import device_and_backend, end_process_group
-    from zero_kit.strategies import StrategyOptions, build_strategy, check_name
+    from zero_kit.strategies import check_name
 
     torch.use_deterministic_algorithms(True, warn_only=True)
     device, pg_backend = device_and_backend()
     if device.startswith("cuda") and opts.precision == "fp32":
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 on GPU means TF32 matmuls (metrics.PEAK_FLOPS)
-    launcher = check_name(strategy_name).launcher
-    _init_distributed("deepspeed" if launcher == "deepspeed" else "torch", pg_backend)
+    user = read_launch_copy(opts, strategy_name) if is_user_config(strategy_name) else None  # checked by the driver
+    info = user.info if user else check_name(strategy_name)
+    _init_distributed("deepspeed" if info.launcher == "deepspeed" else "torch", pg_backend)
     heartbeat = None
     if opts.stall_timeout > 0:  # the launch's own folder: shared by every node, like the results
         beats = Path(opts.out) / "logs" / f"{strategy_name}.launch" / "heartbeat"
         heartbeat = Heartbeat(beats, dist.get_rank(), dist.get_world_size(), opts.stall_timeout).start()
     finished = False
     try:
-        model = build_model(opts)
-        numels = [p.numel() for p in model.parameters() if p.requires_grad]  # the order DeepSpeed flattens
-        n_params = sum(p.numel() for p in model.parameters())
-        options = StrategyOptions(
-            precision=opts.precision,
-            micro_batch=opts.micro_batch,
-            grad_accum=opts.grad_accum,
-            world_size=dist.get_world_size(),
-            device=device,
-            lr=opts.lr,
-            gradient_clipping=opts.gradient_clipping,
-            compile=opts.compile,
-            ranks_per_node=counter.ranks_per_node,
-            zero_overrides=tuple(parse_zero_override(opts.zero_override).items()),
-        )
-        strategy = build_strategy(strategy_name, model, options)
-        strategy.n_params, strategy.param_numels = n_params, numels
+        model, strategy, user_entry = _build(strategy_name, info, user, opts, device, counter)
         result = _train(strategy, opts, counter, model.config.vocab_size, device, heartbeat)
-        record = build_record(strategy, opts, result, model, device, counter)
+        record = build_record(strategy, opts, result, model, device, counter, info)
+        if user_entry is not None:
+            record["ds_config"] = user_entry
         if dist.get_rank() == 0 and record_path:
             with open(record_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")

@@ -61,6 +61,11 @@ def run(args: argparse.Namespace) -> int:
     parse_zero_override(opts.zero_override)  # refused before any launch, as the ranks will read it
     _check_outputs(args, opts.out)
     if args.slurm:
+        if opts.ds_config:  # without --slurm, run_bench checks it before its first launch
+            from zero_kit.bench.user_config import check_user_config
+
+            per_node = opts.gpus_per_node or opts.nproc
+            check_user_config(opts, (opts.nodes or 1) * per_node, per_node, None)
         return _write_sbatch(args, opts)
     records = run_bench(opts, progress=_progress)
     with open(f"{opts.out}/table.md", encoding="utf-8") as table:

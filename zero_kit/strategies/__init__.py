@@ -2,7 +2,8 @@
 builds it, which launcher starts it, its ZeRO stage and offload, the DeepSpeed knobs it changes, and which row of
 the byte tables (`zero_kit.plan.accounting`) predicts its memory. The benchmark (launcher choice, DeepSpeed
 overrides, predicted bytes) and `zero-kit plan` (its options, the stage `-o` writes) read everything from here, so
-a new strategy needs an entry here and nothing else beyond its backend.
+a new strategy needs an entry here and nothing else beyond its backend. A user's own DeepSpeed config in the
+benchmark (`--ds-config`) is no entry: `user_config_info` makes its StrategyInfo from the file's stage and offload.
 
 Backends live in ddp.py, fsdp.py and deepspeed.py behind the interface of base.py and share nothing else. This
 module imports neither torch nor deepspeed: the planner and the CLI import it.
@@ -10,8 +11,10 @@ module imports neither torch nor deepspeed: the planner and the CLI import it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from types import MappingProxyType
 
 from zero_kit.errors import UserError, raise_all
@@ -22,9 +25,13 @@ __all__ = [
     "Strategy",
     "StrategyInfo",
     "StrategyOptions",
+    "USER_CONFIG",
     "build_strategy",
     "check_model_parallel",
     "check_name",
+    "is_user_config",
+    "user_config_info",
+    "user_config_name",
 ]
 
 
@@ -167,9 +174,49 @@ _ENTRIES = (
 STRATEGIES: Mapping[str, StrategyInfo] = MappingProxyType({info.name: info for info in _ENTRIES})
 
 
+USER_CONFIG = "ds_config"
+"""A user's own DeepSpeed config in the benchmark (`zero-kit bench --ds-config FILE`), as the row
+`ds_config:<file stem>`. Not an entry of STRATEGIES: its facts are the file's (`user_config_info`)."""
+
+
+def user_config_name(path: str) -> str:
+    """The bench row of the config file `path`: `ds_config:<its stem>` (characters other than letters, digits, `.`,
+    `_` and `-` become `_`: the name is also a log file's and a launcher argument)."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", PurePath(path).stem) or "file"
+    return f"{USER_CONFIG}:{stem}"
+
+
+def is_user_config(name: str) -> bool:
+    """Whether `name` is the row of a user's own config (`ds_config` or `ds_config:<stem>`)."""
+    return name == USER_CONFIG or name.startswith(USER_CONFIG + ":")
+
+
+def user_config_info(
+    name: str,
+    stage: int,
+    *,
+    offload_optimizer: bool = False,
+    offload_param: bool = False,
+    low_precision_states: bool = False,
+    hpz: bool = False,
+    zero: Mapping[str, object] | None = None,
+) -> StrategyInfo:
+    """The registry entry of a user's own config: DeepSpeed at the file's ZeRO stage and offload, predicted by the
+    byte-table row zero{stage} (zero3_bf16 with bf16 master weights and optimizer states), its zero_optimization
+    keys as the overrides the traffic model reads. Benchable where a benchable entry offloads the same way (no
+    parameter offload: the bench's DeepSpeedStrategy reads ZeRO-3's partitions on the device)."""
+    kinds = {(i.offload_optimizer, i.offload_param) for i in _ENTRIES if i.backend == "deepspeed" and i.benchable}
+    return _zero(name, stage, offload_optimizer=offload_optimizer, offload_param=offload_param,
+                 overrides=dict(zero or {}), planned=False, benchable=(offload_optimizer, offload_param) in kinds,
+                 hierarchy="hpz" if hpz else "flat", low_precision_states=low_precision_states)  # fmt: skip
+
+
 def check_name(name: str) -> StrategyInfo:
     """The registry entry of a strategy the benchmark can run; UserError (with the choices) otherwise."""
     benchable = [info.name for info in STRATEGIES.values() if info.benchable]
+    if is_user_config(name):
+        raise UserError(f"{name!r} is not a strategy name: your own DeepSpeed config runs with --ds-config FILE",
+                        "e.g. zero-kit bench --strategies ddp --ds-config my_config.json")  # fmt: skip
     if name not in STRATEGIES:
         raise UserError(f"unknown strategy {name!r}", f"choose from {', '.join(benchable)}")
     info = STRATEGIES[name]
@@ -210,9 +257,12 @@ def check_model_parallel(
     raise_all(problems, "before launching")
 
 
-def build_strategy(name: str, model, options: StrategyOptions) -> Strategy:
-    """Wrap `model` (identically initialised on every rank) for strategy `name`."""
-    info = check_name(name)
+def build_strategy(
+    name: str, model, options: StrategyOptions, info: StrategyInfo | None = None, ds_config: dict | None = None
+) -> Strategy:
+    """Wrap `model` (identically initialised on every rank) for strategy `name`; a user's own config passes its
+    `info` (user_config_info) and `ds_config`, the DeepSpeed config to run as it is."""
+    info = info or check_name(name)
     # Backends import torch / deepspeed: only the one asked for is imported, and only when a rank builds it.
     match info.backend:
         case "ddp":
@@ -227,6 +277,9 @@ def build_strategy(name: str, model, options: StrategyOptions) -> Strategy:
             from zero_kit.strategies.deepspeed import DeepSpeedStrategy, ZeroSetup
 
             offload = "cpu" if info.offload_optimizer else "none"
+            if ds_config is not None:  # the file's own keys: --zero-override and the run's hpZ size stay out
+                setup = ZeroSetup(info.stage, offload, config=ds_config)
+                return DeepSpeedStrategy(model, options, setup, name=name)
             zero = {**info.zero_overrides, **dict(options.zero_overrides)}
             secondary = info.secondary_ranks(options.world_size, options.ranks_per_node)
             if secondary:

@@ -100,9 +100,13 @@ def make_optimizer(params, options: StrategyOptions):
     per flat partition), and what the HF Trainer uses by default (adamw_torch_fused)."""
     import torch
 
-    return torch.optim.AdamW(
-        params, lr=options.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=options.weight_decay, fused=True
-    )
+    return torch.optim.AdamW(params, **adamw_settings(options.lr, options.weight_decay), fused=True)
+
+
+def adamw_settings(lr: float, weight_decay: float = StrategyOptions.weight_decay) -> dict[str, Any]:
+    """The AdamW every strategy of the bench steps with (make_optimizer), as an optimizer section's params: what a
+    user's own config (bench --ds-config) is compared with."""
+    return {"lr": lr, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": weight_decay}
 
 
 def clip_and_step(module, optimizer, gradient_clipping: float, *, set_to_none: bool) -> None:

@@ -21,12 +21,16 @@ in the bench's report).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from zero_kit.metrics import storage_bytes, storage_ptrs
 from zero_kit.strategies.base import Strategy as _Base
 from zero_kit.strategies.base import StrategyOptions, make_optimizer, optimizer_state_tensors
+
+QUIET_STEPS = 1_000_000
+"""steps_per_print of the bench's DeepSpeed runs: DeepSpeed's periodic log would interleave with the progress."""
 
 
 @dataclass(frozen=True)
@@ -40,10 +44,13 @@ class ZeroSetup:
     low_precision_states: bool = False
     tensor_parallel: int = 1
     """AutoTP degree (`tensor_parallel.autotp_size`); ZeRO then partitions over world / tensor_parallel ranks."""
+    config: dict[str, Any] | None = None
+    """A user's own DeepSpeed config as the bench runs it (`user_ds_config`), used instead of the generator's."""
 
 
 def ds_config_for(options: StrategyOptions, setup: ZeroSetup, hidden_size: int) -> dict[str, Any]:
-    """The generator's config for this run. Changes, and why:
+    """The generator's config for this run (a user's own, `setup.config`, as it is: see `user_ds_config`). Changes,
+    and why:
     - without offload the "optimizer" section is dropped and the same torch AdamW as DDP/FSDP2 is passed as a
       client optimizer: DeepSpeed's own AdamW choice (FusedAdam / CPU Adam) would make fp32 parity a test of
       optimizer kernels instead of ZeRO;
@@ -59,6 +66,8 @@ def ds_config_for(options: StrategyOptions, setup: ZeroSetup, hidden_size: int) 
     from zero_kit.config.builder import RunAdjustments, build_ds_config
     from zero_kit.config.spec import ZeroSpec
 
+    if setup.config is not None:
+        return json.loads(json.dumps(setup.config))  # a copy: DeepSpeed may write into what it is given
     zero = dict(setup.zero)
     hpz = zero.pop("zero_hpz_partition_size", None)
     stage, offload_optimizer, low_precision_states = setup.stage, setup.offload_optimizer, setup.low_precision_states
@@ -81,13 +90,52 @@ def ds_config_for(options: StrategyOptions, setup: ZeroSetup, hidden_size: int) 
         torch_autocast=low_precision_states,
         device="cpu" if options.device.startswith("cpu") else "cuda",
     )
-    run = RunAdjustments(client_optimizer=offload_optimizer == "none", steps_per_print=1_000_000, zero_overrides=zero)
+    run = RunAdjustments(client_optimizer=offload_optimizer == "none", steps_per_print=QUIET_STEPS, zero_overrides=zero)
     config = build_ds_config(spec, run)
     if tp > 1:
         config["tensor_parallel"] = {"autotp_size": tp}
     if options.device.startswith("cpu"):
         config["wall_clock_breakdown"] = True
     return config
+
+
+def user_ds_config(config: dict[str, Any], options: StrategyOptions) -> tuple[dict[str, Any], list[str]]:
+    """A user's own config (bench --ds-config) as the bench runs it, and each change in words. As written, except:
+    - the batch keys are the bench's --micro-batch and --grad-accum (every strategy trains the same rows) and
+      train_batch_size is dropped (DeepSpeed derives micro x accum x ranks, the same number);
+    - steps_per_print is raised (QUIET_STEPS), and wall_clock_breakdown is on for CPU ranks only, as in
+      `ds_config_for` (on GPUs each DeepSpeed timer synchronizes the device);
+    - on CPU ranks an Adam/AdamW section goes through `with_torch_adam` (torch's fused AdamW: DeepSpeed's FusedAdam
+      is a CUDA op build), unless the optimizer is offloaded to the CPU (DeepSpeed's CPU Adam steps it).
+    Without an optimizer section DeepSpeedStrategy passes the bench's AdamW, as to every other ZeRO strategy."""
+    from zero_kit.config.builder import with_torch_adam
+
+    out, changes = json.loads(json.dumps(config)), []
+    cpu = options.device.startswith("cpu")
+
+    def put(key: str, value: Any, why: str, default: Any = None) -> None:
+        if out.get(key, default) != value:
+            changes.append(
+                f"{key} {json.dumps(out[key]) if key in out else '(not given)'} -> {json.dumps(value)} ({why})"
+            )
+            out[key] = value
+
+    put("train_micro_batch_size_per_gpu", options.micro_batch, "--micro-batch: every strategy trains the same rows")
+    put("gradient_accumulation_steps", options.grad_accum, "--grad-accum")
+    if "train_batch_size" in out:
+        changes.append(f"train_batch_size {json.dumps(out.pop('train_batch_size'))} dropped (DeepSpeed derives"
+                       " micro x accum x ranks)")  # fmt: skip
+    if not isinstance(out.get("steps_per_print"), int) or out["steps_per_print"] < QUIET_STEPS:
+        put("steps_per_print", QUIET_STEPS, "DeepSpeed's log would interleave with the progress")
+    put("wall_clock_breakdown", cpu, "DeepSpeed's timers, read by the bench: CPU ranks only", default=False)
+    zero = out.get("zero_optimization") if isinstance(out.get("zero_optimization"), dict) else {}
+    offload = zero.get("offload_optimizer") if isinstance(zero.get("offload_optimizer"), dict) else {}
+    if cpu and "optimizer" in out and offload.get("device") != "cpu":
+        adam = with_torch_adam(out["optimizer"])
+        if adam != out["optimizer"]:
+            out["optimizer"] = adam
+            changes.append("optimizer through torch's fused AdamW (torch_adam: DeepSpeed's FusedAdam is a CUDA op)")
+    return out, changes
 
 
 class DeepSpeedStrategy(_Base):
@@ -103,10 +151,11 @@ class DeepSpeedStrategy(_Base):
         if self.tp > 1:
             _tp_model_init(model, self.tp, options.precision)
         client = None
-        if setup.offload_optimizer == "none" and self.tp > 1:
+        own = "optimizer" not in self.config  # the generator's config without offload, or a user's without one
+        if own and self.tp > 1:
             # a factory, called with the parameters DeepSpeed trains: AutoTP's replacement layers'
             client = lambda params: make_optimizer(params, options)  # noqa: E731
-        elif setup.offload_optimizer == "none":  # the optimizer object, as DDP and FSDP2 get it
+        elif own:  # the optimizer object, as DDP and FSDP2 get it
             client = make_optimizer(model.parameters(), options)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=self.config)
         if options.compile:
