@@ -7,6 +7,7 @@ test in this module (ports 29710-29719)."""
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -184,12 +185,15 @@ PHASES = ("forward", "backward", "reduction", "step", "gather", "other")
 def test_every_strategy_splits_its_step_into_phases_that_add_up(records, name):
     # Issue 36: forward, backward, reduction, optimizer step, gather and the rest, measured the same way for every
     # strategy (zero_kit.bench.phases). Each timed step's split adds up to that step; the record's phases (means over
-    # the middle half of the timed steps) to within 5% of the median step.
+    # the middle half of the timed steps) to those steps' mean, which a loaded machine may put a few % off the median
+    # step (zero2: 41.5 ms against a 39.5 ms median once), so the median is only a loose check.
     r = records[name]
     phases = r["phases_ms"]
     assert tuple(phases) == PHASES and all(v is not None and v >= 0 for v in phases.values()), phases
-    assert sum(phases.values()) == pytest.approx(1e3 * r["step_time_s"], rel=0.05), phases
     timed = r["step_times_s"][r["warmup"] :]
+    middle = statistics.fmean(timed[i] for i in r["phases_timed_steps"])
+    assert sum(phases.values()) == pytest.approx(1e3 * middle, rel=1e-6), phases
+    assert sum(phases.values()) == pytest.approx(1e3 * r["step_time_s"], rel=0.25), phases
     assert len(r["phases_by_step_ms"]) == len(timed) and len(r["phases_timed_steps"]) >= len(timed) // 2
     for split, seconds in zip(r["phases_by_step_ms"], timed, strict=True):
         assert min(split.values()) >= -0.01, split  # ms; "other" only for clock jitter
