@@ -101,7 +101,7 @@ def test_accelerate_own_loop_with_a_config_scheduler_is_an_error(tmp_path, capsy
 
 
 def test_accelerate_own_loop_without_a_cpu_process_group_is_an_error_on_cpu(tmp_path, capsys):
-    path, _ = config(tmp_path, "--stage", "2", "--device", "cpu", yaml=True)
+    path, _ = config(tmp_path, "--stage", "2", "--device", "cpu", "--hidden-size", "192", yaml=True)
     bare = variant(tmp_path, ACCELERATE_LOOP, "Accelerator(kwargs_handlers=on_cpu)", "Accelerator()")
     code, said = validate(capsys, path, "--for", "accelerate", "--script", str(bare), "--device", "cpu")
     assert code == 1 and "process 0 of 1" in said and 'InitProcessGroupKwargs(backend="gloo")' in said, said

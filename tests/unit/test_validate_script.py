@@ -31,7 +31,7 @@ FIXED = {
         "type": "WarmupDecayLR",
         "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-4, "warmup_num_steps": 10, "total_num_steps": 100},
     },
-    "zero_optimization": {"stage": 2},
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": 4_000_000},  # a CPU-sized bucket (rules_zero)
 }
 # The script arguments that give every fixed value above (on CPU: --use_cpu, which --bf16 needs there).
 MATCHING = "--use_cpu --bf16 --per_device_train_batch_size 4 --gradient_accumulation_steps 2 --learning_rate 1e-4"

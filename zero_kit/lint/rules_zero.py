@@ -32,17 +32,46 @@ def zero_rules(config: dict, target: Target, device: str | None = None) -> list[
     stage = stage if isinstance(stage, int) and not isinstance(stage, bool) else None
     problems = _offload_rules(config, stage)
     problems += _stage3_rules(zero, stage, target)
-    if stage == 3 and device == "cpu":
-        problems += _stage3_cpu_rules(zero)
+    if stage and device == "cpu":
+        problems += _cpu_rules(zero, stage)
     return problems
 
 
-def _stage3_cpu_rules(zero: dict) -> list[Problem]:
-    """ZeRO-3 settings DeepSpeed accepts on CPU ranks and then fails on."""
+CPU_REDUCE_BUCKET_LIMIT = 100_000_000
+"""Above this many elements a reduce bucket costs CPU ranks more than it saves (the buffer is allocated whole and
+filled every step); the generator's 25·h² stays below it up to h = 2000."""
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _cpu_rules(zero: dict, stage: int) -> list[Problem]:
+    """Settings DeepSpeed accepts on CPU ranks and then fails on, or runs many times slower with."""
+    problems = []
+    bucket = zero.get("reduce_bucket_size")
+    if stage in (1, 2) and (bucket is None or (_number(bucket) and bucket > CPU_REDUCE_BUCKET_LIMIT)):
+        shown = (
+            "DeepSpeed's default reduce bucket (5e8 elements)"
+            if bucket is None
+            else f"a {bucket:.3g}-element reduce bucket"
+        )
+        problems.append(
+            Problem(
+                "warning",
+                "zero_optimization.reduce_bucket_size",
+                bucket,
+                f"{shown} on CPU ranks: DeepSpeed allocates the whole bucket (2 GB per rank at 5e8 in fp32) and"
+                " fills it every step; ZeRO-1/2 ran at 0.06-0.10x DDP's tokens/s with the default on a"
+                " 3.1M-parameter model (1.63 s a step against 0.04 s with a model-sized bucket)",
+                "set it to about 25 x hidden_size² (two decoder layers; `zero-kit config --hidden-size H` or"
+                " `--model DIR` writes it)",
+            )
+        )
     threshold = zero.get("stage3_module_granularity_threshold")
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold <= 0:
-        return []
-    return [
+    if stage != 3 or not _number(threshold) or threshold <= 0:
+        return problems
+    return problems + [
         Problem(
             "error",
             "zero_optimization.stage3_module_granularity_threshold",
