@@ -261,3 +261,14 @@ def test_zero_kit_train_writes_the_measured_buckets_no_larger_than_what_it_train
     assert zero["reduce_bucket_size"] == 4_000_000 and zero["overlap_comm"]
     assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 4096**2)  # it gathers frozen parameters too
     assert trainer_ds_config(TrainOptions(stage=2))["zero_optimization"]["reduce_bucket_size"] == "auto"  # API
+
+
+def test_a_cpu_config_asks_for_torchs_fused_adamw():
+    """--device cpu without optimizer offload: DeepSpeed would build its FusedAdam (an op build of minutes on a small
+    machine, and a step count a checkpoint does not keep bit for bit); torch's fused AdamW needs none. GPUs keep
+    DeepSpeed's FusedAdam, optimizer offload its CPU Adam."""
+    cpu = build_ds_config(ZeroSpec(stage=2, hidden_size=64, device="cpu"))["optimizer"]["params"]
+    assert cpu["torch_adam"] is True and cpu["fused"] is True
+    assert "torch_adam" not in build_ds_config(ZeroSpec(stage=2, hidden_size=64))["optimizer"]["params"]
+    offload = build_ds_config(ZeroSpec(stage=2, hidden_size=64, device="cpu", offload_optimizer="cpu"))
+    assert "torch_adam" not in offload["optimizer"]["params"]

@@ -312,7 +312,11 @@ def map_options(spec: ZeroSpec, run: RunAdjustments) -> dict[str, Any]:
     config["bf16"].update(low_precision.pop("bf16", {}))
     config.update(low_precision)
     if not (run.client_optimizer or spec.client_optimizer):
-        config["optimizer"] = with_torch_adam(_optimizer_section(spec)) if run.torch_adam else _optimizer_section(spec)
+        # On CPU ranks without optimizer offload DeepSpeed would build its FusedAdam (a CPU op build, minutes on a
+        # small machine, and a step count that does not survive a checkpoint bit for bit): torch's fused AdamW instead.
+        cpu_adam = spec.device == "cpu" and spec.offload_optimizer == "none"
+        wants = run.torch_adam or cpu_adam
+        config["optimizer"] = with_torch_adam(_optimizer_section(spec)) if wants else _optimizer_section(spec)
     config["zero_optimization"] = {**_zero_section(spec), **run.zero_overrides}
     if spec.tp > 1:  # AutoTP training: DeepSpeed shards the model's linears over tp ranks (lint/rules_tp.py)
         config["tensor_parallel"] = {"autotp_size": spec.tp}
