@@ -141,6 +141,23 @@ def any_rank(flag: bool) -> bool:
     return bool(tensor.item())
 
 
+def any_rank_and_sum(flag: bool, count=0) -> tuple[bool, int]:
+    """`any_rank(flag)` and the sum of `count` over the ranks, in one all-reduce (a SUM of [flag, count]). `count`:
+    an int or a tensor, added where it lives (nothing waits for its device before the collective). Without a
+    group: this rank's own."""
+    import torch
+
+    values = torch.zeros(2, dtype=torch.int64, device=collective_device())
+    values[0] = 1 if flag else 0
+    values[1] += torch.as_tensor(count).to(device=values.device, dtype=torch.int64)
+    if initialized():
+        import torch.distributed as dist
+
+        dist.all_reduce(values)
+    flagged, total = values.tolist()
+    return flagged > 0, total
+
+
 def end_process_group(finished: bool) -> None:
     """Destroy the default process group, if any. After a finished run the ranks meet once more first, so none
     tears down (or exits, which makes the `deepspeed` launcher kill the rest) while another still talks to it;

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from zero_kit.dist import any_rank, barrier
+from zero_kit.dist import any_rank_and_sum, barrier
 from zero_kit.errors import UserError
 from zero_kit.train import checkpoint
 from zero_kit.train.resumed import apply_resumed_schedule
@@ -221,8 +221,9 @@ class PreemptionCallback(TrainerCallback):
     """SIGINT (Ctrl-C) or SIGTERM (SLURM's notice before preemption) -> finish the current step, save a complete
     checkpoint, stop; `signum` says which came first, and the job exits with stopping.exit_code(signum).
 
-    Ranks may receive the signal at different steps, so they agree through a max all-reduce of the flag at every
-    step end; all of them then save the same step. A signal that comes again (a terminal's Ctrl-C reaches a rank
+    Ranks may receive the signal at different steps, so they agree through an all-reduce of the flag at every
+    step end (carrying, with `tokens`, the step's trained tokens too: zero_kit.train.tokens); all of them then save
+    the same step. A signal that comes again (a terminal's Ctrl-C reaches a rank
     directly and once more through the supervisor; the deepspeed launcher adds a SIGTERM) is the same request: the
     handler only records, and the supervisor, not the rank, answers a second Ctrl-C by killing every process. Only
     a process that is the whole job (`alone`: one rank, no supervisor above it) takes a second Ctrl-C as "stop at
@@ -230,9 +231,10 @@ class PreemptionCallback(TrainerCallback):
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, rank: int = 0, alone: bool = False):
+    def __init__(self, rank: int = 0, alone: bool = False, tokens=None):
         self.rank = rank
         self.alone = alone
+        self.tokens = tokens  # a zero_kit.train.tokens.TokenCount: its sum over the ranks rides in the same all-reduce
         self.signum: int | None = None
         self.stopped = False
         self._previous = {signum: signal.signal(signum, self._on_signal) for signum in self.SIGNALS}
@@ -249,7 +251,12 @@ class PreemptionCallback(TrainerCallback):
         self.signum = self.signum or signum
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.stopped or not any_rank(self.requested):
+        if self.stopped:
+            return
+        asked, trained = any_rank_and_sum(self.requested, self.tokens.take() if self.tokens is not None else 0)
+        if self.tokens is not None:
+            state.num_input_tokens_seen += trained
+        if not asked:
             return
         self.stopped = True
         self.signum = self.signum or signal.SIGTERM  # a peer was asked; this rank got nothing (yet)
@@ -286,7 +293,8 @@ class StartupCallback(TrainerCallback):
 
 class ThroughputCallback(TrainerCallback):
     """Adds `tokens_per_s` (all ranks together, since the previous log) and, on a known GPU, `mfu` to each
-    log entry. Needs `TrainingArguments(include_num_input_tokens_seen=True)` (tokens are counted by the Trainer).
+    log entry. Needs the tokens counted: `TrainingArguments(include_num_input_tokens_seen=True)` in a user's own script,
+    zero_kit.train.tokens in `zero-kit train`.
     MFU = tokens/s per device x FLOPs per token / device dense peak (zero_kit.metrics) at `precision` (`zero-kit
     train` passes its resolved one; in a user's own Trainer script, where the arguments are the only record,
     it is read from their bf16/fp16 flags)."""

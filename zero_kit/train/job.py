@@ -183,7 +183,6 @@ def _training_arguments(run: ResolvedRun):
         bf16=run.precision == "bf16",
         fp16=run.precision == "fp16",
         **{checkpointing: opts.activation_checkpointing},
-        include_num_input_tokens_seen="non_padding",
         **trainer_arguments(opts, run.micro_batch),  # evaluation, and the trackers of --report-to
         disable_tqdm=True,
         remove_unused_columns=False,
@@ -330,7 +329,7 @@ def _print_start(run: ResolvedRun, held: dict, stats, resume_from: Path | None, 
 def _trainer(run: ResolvedRun, args, model, tokenizer, data: rundata.Data, run_info: dict,
              heartbeat: Heartbeat | None, clock: startup.StartupClock):  # fmt: skip
     """The HF Trainer with our callbacks, and the preemption callback (`stopped`: the run ended on SIGTERM)."""
-    from transformers import PrinterCallback, Trainer
+    from transformers import PrinterCallback
 
     from zero_kit.train.callbacks import (
         CompleteCheckpointCallback,
@@ -345,13 +344,16 @@ def _trainer(run: ResolvedRun, args, model, tokenizer, data: rundata.Data, run_i
         ThroughputCallback,
         before_trackers,
     )
+    from zero_kit.train.tokens import TokenCount, counting_trainer
 
     throughput = ThroughputCallback(model, seq_len=run.options.max_length, precision=run.precision)
-    preemption = PreemptionCallback(run.machine.rank, alone=run.machine.world_size == 1)
+    tokens = TokenCount(tokenizer.pad_token_id)  # summed over the ranks in the preemption check's all-reduce
+    preemption = PreemptionCallback(run.machine.rank, alone=run.machine.world_size == 1, tokens=tokens)
     opts, perplexity = run.options, PerplexityCallback()
     callbacks = [
         throughput,
         perplexity,
+        tokens,
         ProgressCallback(run.output, throughput),
         SaveAtEndCallback(),
         ResumedScheduleCallback(),
@@ -361,7 +363,7 @@ def _trainer(run: ResolvedRun, args, model, tokenizer, data: rundata.Data, run_i
         CompleteCheckpointCallback(run.output, opts.save_total_limit, run_info, keep_best=opts.keep_best),
         *([HeartbeatCallback(heartbeat)] if heartbeat is not None else []),  # last: sees this step's save decision
     ]
-    trainer = Trainer(
+    trainer = counting_trainer(tokens)(
         model=model,
         args=args,
         train_dataset=data.dataset,
