@@ -11,10 +11,11 @@ import pytest
 
 from zero_kit.bench import BenchOptions
 from zero_kit.bench.report import predicted_state, same_arithmetic_as_ddp
-from zero_kit.bench.user_config import BATCH_KEYS, check_user_config, differences, record_info
+from zero_kit.bench.user_config import check_user_config, differences, record_info
 from zero_kit.cli import main
 from zero_kit.config.builder import ZeroSpec, build_ds_config
 from zero_kit.errors import UserError
+from zero_kit.lint.problem import BATCH_KEYS
 from zero_kit.plan.accounting import model_state_bytes
 from zero_kit.strategies import StrategyOptions, check_name, user_config_info, user_config_name
 from zero_kit.strategies.deepspeed import QUIET_STEPS, user_ds_config

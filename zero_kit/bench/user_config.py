@@ -26,8 +26,6 @@ from zero_kit.errors import UserError, raise_all
 from zero_kit.strategies import STRATEGIES, StrategyInfo, is_user_config, user_config_info, user_config_name
 
 FLAG = "--ds-config"
-BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-"""Replaced by the bench's (user_ds_config): an "auto" there is no problem."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +122,7 @@ def _strategy_options(opts: BenchOptions, world_size: int, device: str):
 
 
 def _autos(node: Any, path: str) -> list[str]:
-    from zero_kit.lint.problem import join
+    from zero_kit.lint.problem import BATCH_KEYS, join  # replaced by the bench's (user_ds_config): "auto" is fine there
 
     if isinstance(node, dict):
         return [p for k, v in node.items() if not (path == "" and k in BATCH_KEYS) for p in _autos(v, join(path, k))]
