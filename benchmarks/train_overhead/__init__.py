@@ -1,0 +1,1 @@
+"""A benchmark study: see README.md in this folder."""
