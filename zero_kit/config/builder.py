@@ -338,6 +338,17 @@ def with_torch_adam(optimizer: Any) -> Any:
     return {**optimizer, "params": {"torch_adam": True, **fused, **params}}
 
 
+def on_cpu_ranks(config: dict[str, Any]) -> dict[str, Any]:
+    """A DeepSpeed config (a copy of its top level) whose Adam/AdamW section, if the optimizer is not offloaded, asks
+    for torch's fused AdamW (`with_torch_adam`): what a user's own file runs as on CPU ranks, in zero-kit train and
+    in the bench. An offloaded optimizer keeps DeepSpeed's CPU Adam (or NVMe); other optimizers are unchanged."""
+    zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
+    offload = zero.get("offload_optimizer") if isinstance(zero.get("offload_optimizer"), dict) else {}
+    if "optimizer" not in config or offload.get("device") not in (None, "none"):
+        return dict(config)
+    return {**config, "optimizer": with_torch_adam(config["optimizer"])}
+
+
 def dumps(config: dict[str, Any]) -> str:
     """Deterministic JSON text: sorted keys, two-space indent, trailing newline."""
     return json.dumps(config, indent=2, sort_keys=True) + "\n"

@@ -105,10 +105,10 @@ def user_ds_config(config: dict[str, Any], options: StrategyOptions) -> tuple[di
       train_batch_size is dropped (DeepSpeed derives micro x accum x ranks, the same number);
     - steps_per_print is raised (QUIET_STEPS), and wall_clock_breakdown is on for CPU ranks only, as in
       `ds_config_for` (on GPUs each DeepSpeed timer synchronizes the device);
-    - on CPU ranks an Adam/AdamW section goes through `with_torch_adam` (torch's fused AdamW: DeepSpeed's FusedAdam
+    - on CPU ranks an Adam/AdamW section goes through `on_cpu_ranks` (torch's fused AdamW: DeepSpeed's FusedAdam
       is a CUDA op build), unless the optimizer is offloaded to the CPU (DeepSpeed's CPU Adam steps it).
     Without an optimizer section DeepSpeedStrategy passes the bench's AdamW, as to every other ZeRO strategy."""
-    from zero_kit.config.builder import with_torch_adam
+    from zero_kit.config.builder import on_cpu_ranks
 
     out, changes = json.loads(json.dumps(config)), []
     cpu = options.device.startswith("cpu")
@@ -128,13 +128,10 @@ def user_ds_config(config: dict[str, Any], options: StrategyOptions) -> tuple[di
     if not isinstance(out.get("steps_per_print"), int) or out["steps_per_print"] < QUIET_STEPS:
         put("steps_per_print", QUIET_STEPS, "DeepSpeed's log would interleave with the progress")
     put("wall_clock_breakdown", cpu, "DeepSpeed's timers, read by the bench: CPU ranks only", default=False)
-    zero = out.get("zero_optimization") if isinstance(out.get("zero_optimization"), dict) else {}
-    offload = zero.get("offload_optimizer") if isinstance(zero.get("offload_optimizer"), dict) else {}
-    if cpu and "optimizer" in out and offload.get("device") != "cpu":
-        adam = with_torch_adam(out["optimizer"])
-        if adam != out["optimizer"]:
-            out["optimizer"] = adam
-            changes.append("optimizer through torch's fused AdamW (torch_adam: DeepSpeed's FusedAdam is a CUDA op)")
+    adjusted = on_cpu_ranks(out) if cpu else out
+    if adjusted != out:
+        out = adjusted
+        changes.append("optimizer through torch's fused AdamW (torch_adam: DeepSpeed's FusedAdam is a CUDA op)")
     return out, changes
 
 

@@ -22,7 +22,7 @@ def trainer_ds_config(
     on a CPU run before any work, and the generator decides overlap_comm for it. `hidden_size` (the model's): the
     measured buckets (zero_kit.config.builder.measured_buckets) as numbers instead of "auto", which the Trainer
     fills with h², no reduce bucket larger than the `trainable` parameters."""
-    from zero_kit.config.builder import RunAdjustments, build_ds_config, measured_buckets, with_torch_adam
+    from zero_kit.config.builder import RunAdjustments, build_ds_config, measured_buckets, on_cpu_ranks
 
     if opts.ds_config is None:
         wants = torch_adam and opts.offload_optimizer == "none"
@@ -32,7 +32,4 @@ def trainer_ds_config(
     from zero_kit.lint import LintContext, load_checked
 
     config = load_checked(opts.ds_config, LintContext(target="hf-trainer", device=device), "--ds-config")
-    offload = config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none")
-    if torch_adam and offload in (None, "none") and "optimizer" in config:
-        config["optimizer"] = with_torch_adam(config["optimizer"])
-    return config
+    return on_cpu_ranks(config) if torch_adam else config
