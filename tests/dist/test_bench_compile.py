@@ -26,7 +26,7 @@ def test_compiled_strategies_capture_graphs_and_match_eager_losses(tmp_path):
     assert eager["ddp"]["compiled_graphs"] is None
     reference = eager["ddp"]["losses"]
     for name, record in compiled.items():
-        assert not record.get("failed"), record.get("log_tail")
+        assert not record.get("failed"), "\n".join(record.get("log_tail", []))
         assert record["compiled_graphs"] >= 1, f"{name}: torch.compile captured no graph (fell back to eager)"
         diff = max(abs(a - b) for a, b in zip(record["losses"], reference, strict=True))
         # inductor fuses and reorders float arithmetic: close to eager, not bitwise

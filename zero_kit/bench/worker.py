@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +255,14 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
     device, pg_backend = device_and_backend()
     if device.startswith("cuda") and opts.precision == "fp32":
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 on GPU means TF32 matmuls (metrics.PEAK_FLOPS)
+    if opts.compile and not device.startswith("cuda") and "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+        # Inductor compiles in this process, not in a pool of min(32, cores) workers per rank. WHY: on CPU ranks the
+        # pool only competes with the ranks for the same cores, and after a cold compile its shutdown at exit can
+        # wait up to 300 s (pytorch/pytorch#162199; torch's own distributed inductor tests set 1 for hangs at
+        # exit), which held a 2-rank DDP run past its launch timeout. Read lazily: set before the first compile.
+        import torch._inductor.config
+
+        torch._inductor.config.compile_threads = 1
     user = read_launch_copy(opts, strategy_name) if is_user_config(strategy_name) else None  # checked by the driver
     info = user.info if user else check_name(strategy_name)
     _init_distributed("deepspeed" if info.launcher == "deepspeed" else "torch", pg_backend)
