@@ -9,7 +9,7 @@ which is exactly
         --warmup 3 --precision fp32 --out benchmarks/compare_cpu/results_2ranks
 
 and writes results.jsonl, table.md, throughput.png, memory.png and loss.png under
-benchmarks/compare_cpu/results_2ranks. Add `--nproc 4 --steps 10 --out benchmarks/compare_cpu/results_4ranks`
+benchmarks/compare_cpu/results_2ranks. Add `--nproc 4 --steps 20 --out benchmarks/compare_cpu/results_4ranks`
 (as arguments to this script; the last of a repeated flag wins) for the 4-rank accounting run.
 """
 
