@@ -130,6 +130,7 @@ def summarize_run(record: dict) -> dict[str, Any]:
         "cuda_reserved": peak.get("cuda_reserved"),
         "rss": peak.get("rss"),
         "compiled_graphs": record.get("compiled_graphs"),
+        "compile_threads": record.get("compile_threads"),
         "optimizer": record.get("optimizer"),
         "model": record["model"],
         "batch": record["batch"],

@@ -23,6 +23,14 @@ def _compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def _compile_threads() -> int | None:
+    """Inductor's compile threads in this process (1: compiled in the rank itself; None: not decided, nothing was
+    compiled by Inductor)."""
+    import torch._inductor.config
+
+    return torch._inductor.config.compile_threads
+
+
 def _environment(device: str) -> dict[str, Any]:
     import importlib.metadata as metadata
 
@@ -99,6 +107,7 @@ def build_record(
         "comm_bytes_per_step": _comm_entry(counter, steps, per_rank, world),
         "deepspeed_comms_logger_per_step": result["ds_comms_log"],  # --ds-comms-log: DeepSpeed's own view
         "compiled_graphs": _compiled_graphs() if opts.compile else None,  # proof that torch.compile really ran
+        "compile_threads": _compile_threads() if opts.compile else None,  # Inductor's: 1 = in the rank (worker.py)
         "flops_per_token": fpt,
         "mfu": mfu(per_rank_tps, fpt, peak_flops(torch_device_name(device), opts.precision)) if gpu else None,
         "options": dataclasses.asdict(opts),
