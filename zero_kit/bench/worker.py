@@ -259,7 +259,8 @@ def run_rank(strategy_name: str, opts: BenchOptions, record_path: str | None, co
         # Inductor compiles in this process, not in a pool of min(32, cores) workers per rank. WHY: on CPU ranks the
         # pool only competes with the ranks for the same cores, and after a cold compile its shutdown at exit can
         # wait up to 300 s (pytorch/pytorch#162199; torch's own distributed inductor tests set 1 for hangs at
-        # exit), which held a 2-rank DDP run past its launch timeout. Read lazily: set before the first compile.
+        # exit), the likely cause of a 2-rank DDP run that outlived its launch timeout. Read lazily: set before the
+        # first compile.
         import torch._inductor.config
 
         torch._inductor.config.compile_threads = 1
