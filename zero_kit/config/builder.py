@@ -261,8 +261,8 @@ class RunAdjustments:
     client_optimizer: bool = False
     """The caller passes its own optimizer to deepspeed.initialize: no "optimizer" section."""
     torch_adam: bool = False
-    """Use torch.optim.AdamW inside DeepSpeed (`torch_adam`): on CPU, FusedAdam's step count does not survive a
-    checkpoint round trip bit for bit, torch's does."""
+    """Use torch.optim.AdamW inside DeepSpeed (`torch_adam`) unless the optimizer is offloaded (`on_cpu_ranks`): on
+    CPU, FusedAdam's step count does not survive a checkpoint round trip bit for bit, torch's does."""
     steps_per_print: int = 100
     """DeepSpeed's periodic log interval (raised where it would interleave with a progress display)."""
     zero_overrides: Mapping[str, Any] = field(default_factory=dict)
@@ -312,12 +312,12 @@ def map_options(spec: ZeroSpec, run: RunAdjustments) -> dict[str, Any]:
     config["bf16"].update(low_precision.pop("bf16", {}))
     config.update(low_precision)
     if not (run.client_optimizer or spec.client_optimizer):
+        config["optimizer"] = _optimizer_section(spec)
+    config["zero_optimization"] = {**_zero_section(spec), **run.zero_overrides}
+    if run.torch_adam or spec.device == "cpu":
         # On CPU ranks without optimizer offload DeepSpeed would build its FusedAdam (a CPU op build, minutes on a
         # small machine, and a step count that does not survive a checkpoint bit for bit): torch's fused AdamW instead.
-        cpu_adam = spec.device == "cpu" and spec.offload_optimizer == "none"
-        wants = run.torch_adam or cpu_adam
-        config["optimizer"] = with_torch_adam(_optimizer_section(spec)) if wants else _optimizer_section(spec)
-    config["zero_optimization"] = {**_zero_section(spec), **run.zero_overrides}
+        config = on_cpu_ranks(config)
     if spec.tp > 1:  # AutoTP training: DeepSpeed shards the model's linears over tp ranks (lint/rules_tp.py)
         config["tensor_parallel"] = {"autotp_size": spec.tp}
     config["steps_per_print"] = run.steps_per_print

@@ -25,10 +25,9 @@ def trainer_ds_config(
     from zero_kit.config.builder import RunAdjustments, build_ds_config, measured_buckets, on_cpu_ranks
 
     if opts.ds_config is None:
-        wants = torch_adam and opts.offload_optimizer == "none"
         spec = zero_spec(opts, device)
         buckets = measured_buckets(spec.stage, hidden_size, trainable) if hidden_size else {}
-        return build_ds_config(spec, RunAdjustments(torch_adam=wants, zero_overrides=buckets))
+        return build_ds_config(spec, RunAdjustments(torch_adam=torch_adam, zero_overrides=buckets))
     from zero_kit.lint import LintContext, load_checked
 
     config = load_checked(opts.ds_config, LintContext(target="hf-trainer", device=device), "--ds-config")
