@@ -130,15 +130,8 @@ def collective_device():
 
 
 def any_rank(flag: bool) -> bool:
-    """True on every rank when `flag` is true on at least one (a MAX all-reduce; just `flag` without a group)."""
-    if not initialized():
-        return flag
-    import torch
-    import torch.distributed as dist
-
-    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32, device=collective_device())
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item())
+    """True on every rank when `flag` is true on at least one (just `flag` without a group)."""
+    return any_rank_and_sum(flag)[0]
 
 
 def any_rank_and_sum(flag: bool, count=0) -> tuple[bool, int]:
