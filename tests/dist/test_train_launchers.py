@@ -1,6 +1,6 @@
 """Real two-rank `zero-kit train` jobs on CPU through each launcher: torchrun (ZeRO-1), accelerate launch
-(ZeRO-2, with the generator's concrete config and accelerate YAML) and deepspeed (ZeRO-3 + LoRA, then the
-adapter and merged exports). ZeRO-3 full fine-tuning via `--nproc 2` is in test_resume_zero3.py."""
+(ZeRO-2, with the generator's concrete config and accelerate YAML) and deepspeed (ZeRO-3 + LoRA with decoder layers
+gathered as one, then the adapter and merged exports). ZeRO-3 full fine-tuning via `--nproc 2` is in test_resume_zero3.py."""
 
 from __future__ import annotations
 
@@ -48,9 +48,13 @@ def test_accelerate_launch_zero2(tmp_path):
 
 
 def test_deepspeed_zero3_lora_and_exports(tmp_path):
-    out = tmp_path / "run"
+    """The config is the generator's with each decoder layer gathered as one (--leaf-module): DeepSpeed then hangs a
+    layer's backward on its input, which LoRA's frozen embeddings leave without grad unless zero-kit train asks."""
+    out, cfg = tmp_path / "run", tmp_path / "zero3_layers.json"
+    gen = ["config", "--stage", "3", "--hf-auto", "--device", "cpu", "--leaf-module", "LlamaDecoderLayer"]
+    run(zero_kit(*gen, "-o", str(cfg)))
     launcher = [str(VENV_BIN / "deepspeed"), "--num_gpus", "2", "--master_port", "29622", "--no_local_rank"]
-    job = ["--module", "zero_kit.cli", "train", "--stage", "3", "--lora-r", "4", "--max-steps", str(STEPS)]
+    job = ["--module", "zero_kit.cli", "train", "--ds-config", str(cfg), "--lora-r", "4", "--max-steps", str(STEPS)]
     probe = tmp_path / "probe.pt"
     cmd = [*launcher, *job, "--output", str(out), *FAST]
     proc = run(cmd, extra_env={"ZERO_KIT_PROBE_LOGITS": str(probe)}, site=PROBE_SITE)

@@ -263,6 +263,26 @@ def test_zero_kit_train_writes_the_measured_buckets_no_larger_than_what_it_train
     assert trainer_ds_config(TrainOptions(stage=2))["zero_optimization"]["reduce_bucket_size"] == "auto"  # API
 
 
+def test_leaf_module_is_written_as_deepspeeds_own_key():
+    """--leaf-module writes zero_optimization.leaf_module (ZeRO-3: one hook pair per module of the class, measured in
+    benchmarks/comm_buckets), which DeepSpeed's own config model reads; nothing without the flag."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    zero = build_ds_config(ZeroSpec(stage=3, hidden_size=64, leaf_module="LlamaDecoderLayer"))["zero_optimization"]
+    assert zero["leaf_module"] == {"classes": ["LlamaDecoderLayer"]}
+    assert DeepSpeedZeroConfig(**zero).leaf_module.classes == ["LlamaDecoderLayer"]
+    assert "leaf_module" not in build_ds_config(ZeroSpec(stage=3, hidden_size=64))["zero_optimization"]
+
+
+def test_leaf_module_below_stage_3_is_written_and_warned(capsys):
+    """The generator writes what the flags say; the linter's warning names the flag (DeepSpeed marks the modules at
+    every stage, only ZeRO-3 reads the mark)."""
+    assert main(["config", "--stage", "2", "--hidden-size", "64", "--leaf-module", "LlamaDecoderLayer"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["zero_optimization"]["leaf_module"] == {"classes": ["LlamaDecoderLayer"]}
+    assert "--leaf-module LlamaDecoderLayer: stage-3 setting has no effect at stage 2" in out.err
+
+
 def test_a_cpu_config_asks_for_torchs_fused_adamw():
     """--device cpu without optimizer offload: DeepSpeed would build its FusedAdam (an op build of minutes on a small
     machine, and a step count a checkpoint does not keep bit for bit); torch's fused AdamW needs none. GPUs keep

@@ -32,6 +32,7 @@ NUMBERS: dict[str, tuple[object, ...]] = {
     "nvme_path": (None, "/local_nvme"),
     "hpz_partition_size": (None, 2, 3, 4, 8, 16),
     "hidden_size": (None, 64),
+    "leaf_module": (None, "LlamaDecoderLayer"),
     "micro_batch": (None, 1, 3),
     "grad_accum": (None, 2),
     "global_batch": (None, 16, 24, 64),

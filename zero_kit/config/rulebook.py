@@ -30,6 +30,7 @@ KEY_FIELDS: dict[str, str] = {
     "zero_optimization.reduce_bucket_size": "hidden_size",
     "zero_optimization.stage3_prefetch_bucket_size": "hidden_size",
     "zero_optimization.stage3_param_persistence_threshold": "hidden_size",
+    "zero_optimization.leaf_module": "leaf_module",
     "bf16.enabled": "precision",
     "fp16.enabled": "precision",
     "bf16.bf16_master_weights_and_grads": "bf16_master_weights",

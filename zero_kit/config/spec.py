@@ -51,7 +51,12 @@ class ZeroSpec(ZeroOptions):
     gpus_per_node: int | None = None
     """GPUs per node (with --nodes, instead of --world-size)."""
     hidden_size: int | None = None
-    """Model hidden size h, for bucket sizes (reduce h^2, prefetch 0.9 h^2, persistence 10 h). Read from --model DIR if given."""
+    """Model hidden size h, for bucket sizes (reduce 25 h^2, prefetch 0.9 h^2, persistence 10 h). Read from --model DIR if given."""
+    leaf_module: str | None = None
+    """ZeRO-3: gather each module of this class as one, with one hook pair instead of one per submodule
+    (zero_optimization.leaf_module), e.g. the decoder layer LlamaDecoderLayer: a few percent faster, more memory
+    (docs/configs.md). Its input must require grad: with frozen embeddings (LoRA) a script calls
+    model.enable_input_require_grads(), as zero-kit train does."""
     hf_auto: bool = False
     """Write "auto" for every value the Hugging Face Trainer fills itself (batch sizes, lr, precision, buckets)."""
     lr: float = 2e-5

@@ -151,7 +151,9 @@ def _stage3_rules(zero: dict, stage: int | None, target: Target) -> list[Problem
         )
     if stage is not None and stage < 3:
         for key, value in zero.items():
-            if isinstance(key, str) and key.startswith("stage3_") and value not in (None, "auto"):
+            # leaf_module: DeepSpeed marks the modules at every stage (engine.py), only ZeRO-3's hooks read the mark
+            stage3_key = isinstance(key, str) and (key.startswith("stage3_") or key == "leaf_module")
+            if stage3_key and value not in (None, "auto"):
                 problems.append(
                     Problem(
                         "warning",

@@ -203,6 +203,17 @@ class DeepSpeedStrategy(_Base):
         taken, self._timers_ms = self._timers_ms, {}
         return taken
 
+    def extra_record(self) -> dict[str, Any]:
+        """ZeRO-3: the modules DeepSpeed gathers as one (its leaf modules, from the config's leaf_module), by class:
+        what the engine applied, not what the config asked for."""
+        if self.stage != 3:
+            return {}
+        from collections import Counter
+
+        from deepspeed.utils import get_z3_leaf_modules
+
+        return {"leaf_modules": dict(Counter(type(m).__name__ for m in get_z3_leaf_modules(self.engine.module)))}
+
     def _inner(self):
         return getattr(self.engine.optimizer, "optimizer", self.engine.optimizer)
 

@@ -21,6 +21,7 @@ from zero_kit.train import checkpoint, fit, oom, preflight, resume, rundata, run
 from zero_kit.train.claim import CLAIM_ENV, hold_claim
 from zero_kit.train.evaluation import trainer_arguments
 from zero_kit.train.inputs import check_inputs
+from zero_kit.train.lora import apply_lora
 from zero_kit.train.options import TrainOptions, check_options
 from zero_kit.train.relaunch import RELAUNCHED, relaunch
 from zero_kit.train.resumed import announce_changes
@@ -125,7 +126,7 @@ def _train(run: ResolvedRun, args, heartbeat: Heartbeat | None, prepared: rundat
     resume_from = resume.resume_target(run.options)  # chosen only: nothing is deleted before the inputs passed
     universal.prepare_resume(resume_from, args)  # written at another world size: convert, load_universal
     starting("rendezvous")
-    tokenizer, model, held = _build_model(run.options)
+    tokenizer, model, held = _build_model(run.options, zero3=run.zero_stage == 3)
     starting("model")
     data = rundata.load(prepared, tokenizer)  # memory-mapped
     starting("data")
@@ -225,7 +226,7 @@ def _warn_if_foreign(checkpoint_dir: Path) -> None:
         print(f"zero-kit train: {warning}", file=sys.stderr, flush=True)
 
 
-def _build_model(opts: TrainOptions):
+def _build_model(opts: TrainOptions, zero3: bool = False):
     """Tokenizer and model (LoRA-wrapped if asked); `held` = parameter elements each rank holds right after
     construction, gathered from all ranks: under ZeRO-3 every entry is about total / world size."""
     import torch
@@ -239,7 +240,7 @@ def _build_model(opts: TrainOptions):
     if opts.activation_checkpointing:
         model.config.use_cache = False
     if opts.lora_r is not None:
-        model = _apply_lora(model, opts)
+        model = apply_lora(model, opts, zero3)
     return tokenizer, model, held
 
 
@@ -258,33 +259,6 @@ def _gather_held_elements(model) -> dict:
         dist.all_reduce(tensor)
         per_rank = tensor.tolist()
     return {"total_parameters": total, "elements_held_per_rank": per_rank}
-
-
-def _apply_lora(model, opts: TrainOptions):
-    import warnings
-
-    from peft import LoraConfig, get_peft_model
-
-    from zero_kit.model import lora_target_modules
-
-    targets = lora_target_modules(opts.lora_targets, model.config.model_type)
-    config = LoraConfig(
-        r=opts.lora_r,
-        lora_alpha=opts.lora_alpha if opts.lora_alpha is not None else 2 * opts.lora_r,
-        lora_dropout=opts.lora_dropout,
-        target_modules=targets,
-        task_type="CAUSAL_LM",
-    )
-    try:
-        with warnings.catch_warnings():
-            # peft >= 0.21 reads model.is_gradient_checkpointing, which transformers >= 5.23 deprecates: their
-            # warning, not the user's to act on. Only that message is silenced, only around this call.
-            warnings.filterwarnings(
-                "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
-            )
-            return get_peft_model(model, config)
-    except ValueError as err:
-        raise UserError(f"--lora-targets {','.join(targets)}: {err}", "name Linear modules of the model") from err
 
 
 def _record_start(run: ResolvedRun, held: dict, data: rundata.Data, resume_from: Path | None) -> dict:
