@@ -17,16 +17,19 @@ COMMON_KEYS = {"part": str, "status": str, "reason": (str, type(None)), "wall_s"
 # Keys each part's `data` has when its status is "ok" (a failed or skipped part says why in `reason`).
 PART_DATA_KEYS: dict[str, tuple[str, ...]] = {
     "environment": ("device", "torch", "cuda", "nccl", "bf16_supported", "deepspeed_ops", "matmul", "copy"),
-    "correctness": ("precision", "tolerance", "reference", "runs", "within_tolerance", "two_ranks_one_gpu"),
     "train": ("runs",),
-    "throughput": ("model", "runs", "targets"),
+    "throughput": ("model", "micro_batch", "planned_fits", "runs", "targets"),
     "planner": ("comparisons", "overhead", "targets"),
+    "sweep": ("setting", "runs", "not_run_budget"),
+    "correctness": ("precision", "tolerance", "reference", "runs", "within_tolerance", "two_ranks_one_gpu"),
     "compile": ("runs",),
     "zeropp": ("strategies", "train_runs"),
 }
-TARGETS = {"zero3_vs_ddp_tokens_per_s": 0.90, "ddp_mfu_bf16": 0.45, "planner_peak_rel_error": 0.10}
-"""What the suite reports against (never asserts): ZeRO-3 at >= 90% of plain PyTorch tokens/s at world size 1
-(1B model), MFU >= 45% for plain PyTorch bf16, planner peak per GPU within +-10% of the measured one."""
+TARGETS = {"zero2_vs_ddp_tokens_per_s": 0.90, "zero3_vs_ddp_tokens_per_s": 0.80, "ddp_mfu_bf16": 0.40,
+           "planner_peak_rel_error": 0.10}  # fmt: skip
+"""What the suite reports against (never asserts), the GPU issue's: at world size 1 on the 1B model at a micro batch
+of 4 or more, ZeRO-2 at >= 90% and ZeRO-3 at >= 80% of plain PyTorch's tokens/s, MFU >= 40% of the datasheet peak
+for plain PyTorch bf16 (llm-foundry's 1B: 41.8%), planner peak per GPU within +-10% of the measured one."""
 
 
 @dataclass

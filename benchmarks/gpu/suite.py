@@ -2,24 +2,28 @@
 
     python -m benchmarks.gpu.suite --out benchmarks/gpu/results/gpu_h100
 
-Time-boxed (--budget-min, default 20 min on one H100). Parts, in order, each appending its record (one JSON line)
-to OUT/suite.jsonl the moment it finishes, so a run cut off keeps what it measured:
+Time-boxed (--budget-min, default 9 min: 15 minutes on the machine less its start). Parts, in order, each
+appending its record (one JSON line) to OUT/suite.jsonl the moment it finishes, so a run cut off keeps what it
+measured:
 
-  a. environment  GPU, driver, CUDA, torch, NCCL, DeepSpeed op builds, bf16, bf16 8192^3 matmul peak, D2D copy
-  b. correctness  the embedded model, 20 bf16 steps: ddp, fsdp, zero1, zero2, zero3, zero3_offload (+ 2 ranks on 1 GPU)
-  c. train        `zero-kit train` ZeRO-3 bf16 + export + from_pretrained/generate, and a LoRA run
-  d. throughput   ~1B LLaMA (Llama-3.2-1B shape), seq 2048, bf16: ddp vs zero0..3 and offload; tokens/s, MFU, memory
-  e. planner      `zero-kit plan --json` peak vs measured (d's runs + micro batch 2, seq 4096); context/NCCL constants
-  f. compile      torch.compile for ddp and zero3
-  g. zeropp       `zero-kit train --ds-config` with ZeRO++ qwZ+qgZ and with the bf16 low-precision states vs plain
-                  ZeRO-3 (losses reported); without CUDA, checks that qwZ/qgZ are refused with the reason
+  environment  GPU, driver, CUDA, torch, NCCL, DeepSpeed op builds, bf16, bf16 8192^3 matmul peak, D2D copy
+  train        `zero-kit train` bf16: ZeRO-3 + export + from_pretrained/generate, resumed for 5 more steps; ZeRO-2;
+               ZeRO-3 with the optimizer offloaded (DeepSpeed's CPU Adam); LoRA under ZeRO-3
+  throughput   ~1B LLaMA (Llama-3.2-1B shape), seq 2048, bf16, at the largest micro batch (8, 4) the planner fits:
+               ddp vs zero1..3 (--throughput for others); tokens/s, MFU, memory
+  planner      `zero-kit plan --json` peak vs measured (throughput's runs + micro batch 2, seq 4096); constants
+  sweep        --zero-override settings of the performance issue against the generator's, at throughput's batch
+  correctness  the embedded model, 20 bf16 steps: ddp, fsdp, zero1, zero2, zero3, zero3_offload (+ 2 ranks on 1 GPU)
+  compile      torch.compile for ddp and zero3
+  zeropp       `zero-kit train --ds-config` with ZeRO++ qwZ+qgZ and with the bf16 low-precision states vs plain
+               ZeRO-3 (losses reported); without CUDA, checks that qwZ/qgZ are refused with the reason
 
 then OUT/summary.md and PNG plots (`python -m benchmarks.gpu.summary OUT` re-renders them). Targets are
 reported, never asserted (benchmarks/gpu/common.py TARGETS). Versions and hardware are in every record.
 
 CPU dry mode (CI: tests/dist/test_gpu_suite_dry.py): `python -m benchmarks.gpu.suite --dry-run --out DIR` runs
-what needs no CUDA with tiny shapes (fp32, 3 steps, ddp + zero3), writes `skipped: no CUDA` records for the
-rest, and checks every record's schema (exit 1 on a schema problem).
+what needs no CUDA with tiny shapes (fp32, 3 steps; throughput and sweep too), writes `skipped: no CUDA` records for
+the rest, and checks every record's schema (exit 1 on a schema problem).
 """
 
 from __future__ import annotations
@@ -33,19 +37,23 @@ import time
 import traceback
 from pathlib import Path
 
-from benchmarks.gpu import parts_bench, parts_env, parts_train, parts_zeropp
+from benchmarks.gpu import parts_bench, parts_env, parts_sweep, parts_train, parts_zeropp
 from benchmarks.gpu.common import Context, append_jsonl, check_record, make_record
 
 PARTS = [
     ("environment", parts_env.environment),
-    ("correctness", parts_bench.correctness),
     ("train", parts_train.train),
     ("throughput", parts_bench.throughput),
     ("planner", parts_bench.planner),
+    ("sweep", parts_sweep.sweep),
+    ("correctness", parts_bench.correctness),
     ("compile", parts_bench.compile_part),
     ("zeropp", parts_zeropp.zeropp),
 ]
-RESERVE_S = {"correctness": 60, "train": 60, "throughput": 120, "planner": 30, "compile": 90, "zeropp": 150}
+"""In the GPU issue's order of value: train on CUDA, throughput at a micro batch that fills the GPU, the planner
+out of sample, the sweep; then bf16 parity, compile and ZeRO++ while time remains."""
+RESERVE_S = {"train": 60, "throughput": 120, "planner": 30, "sweep": 90, "correctness": 60, "compile": 90,
+             "zeropp": 150}  # fmt: skip
 """A part starts only with at least this many seconds of the budget left (else: skipped, budget spent)."""
 
 
@@ -85,13 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="GPU truth in one command (see the module docstring)")
     parser.add_argument("--out", required=True, help="output folder, e.g. benchmarks/gpu/results/gpu_h100")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes; CUDA parts write skipped records")
-    parser.add_argument("--budget-min", type=float, default=20.0, help="time box for the whole suite")
+    parser.add_argument("--budget-min", type=float, default=9.0,
+                        help="time box for the whole suite (9: 15 minutes on the machine less its start)")  # fmt: skip
     parser.add_argument("--parts", default=",".join(n for n, _ in PARTS),
                         help="comma-separated subset, run in the order given (planner after throughput: it reuses "
-                             "throughput's runs); a short lease puts the parts it needs most first")  # fmt: skip
+                             "throughput's runs); little time on the GPU puts the parts needed most first")  # fmt: skip
     parser.add_argument("--throughput", default=None,
                         help="comma-separated strategies of the throughput part (default: all of "
-                             "parts_bench.THROUGHPUT), e.g. ddp,zero1,zero2,zero3,zero3_offload on a short lease")  # fmt: skip
+                             "parts_bench.THROUGHPUT), e.g. ddp,zero1,zero2,zero3,zero3_offload when time is short")  # fmt: skip
     args = parser.parse_args(argv)
     import torch
 

@@ -56,6 +56,13 @@ def render(records: list[dict]) -> str:
                 lines.append(f"within tolerance {data['tolerance']}: `{json.dumps(data['within_tolerance'])}`")
             if data.get("targets"):
                 lines.append(f"targets: `{json.dumps(data['targets'])}`")
+        if r["part"] == "sweep" and data.get("runs"):
+            lines += ["", "## sweep (--zero-override against the generator's settings, same model and batch)",
+                      "| setting | strategy | tokens/s | x generated | reserved GiB |", "|---|---|---|---|---|"]  # fmt: skip
+            for run in data["runs"]:
+                lines.append(f"| {run['setting']} | {run['strategy']} | "
+                             f"{'failed' if run.get('failed') else _fmt(run['tokens_per_s'], 4)} | "
+                             f"{_fmt(run.get('vs_generated_tokens_per_s'))} | {_gib(run.get('cuda_reserved'))} |")  # fmt: skip
         if r["part"] == "zeropp" and data.get("train_runs"):
             lines += ["", "## zeropp (zero-kit train --ds-config, 1 GPU)", "| run | exit | last loss | max rel loss diff"
                       " vs zero3 |", "|---|---|---|---|"]  # fmt: skip

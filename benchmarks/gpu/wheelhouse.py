@@ -2,7 +2,7 @@
 
     python -m benchmarks.gpu.wheelhouse --out .whl --python-version 3.12
 
-then on the GPU machine (the device tool's `run` with carry [".whl"]):
+then on the GPU machine without network, with the working tree and `.whl/` copied over:
 
     pip install --no-index --find-links .whl zero_kit
 
@@ -16,7 +16,7 @@ A dependency A resolved to today's version is assumed present: if the image is o
 in --image (any NAME==VERSION lines). DeepSpeed has only an sdist; it builds into a
 pure-Python wheel (`pip wheel --no-deps deepspeed==X`). The project itself is `pip wheel --no-deps .`.
 Versions come from the project's pins (setup.py: ranges) plus `--constraints FILE` (default:
-constraints/newest.txt, the newest release set CI tests, so the GPU runs what CI ran). Refuses (exit 2) when the wheelhouse exceeds what the device tool carries.
+constraints/newest.txt, the newest release set CI tests, so the GPU runs what CI ran). Refuses (exit 2) when the wheelhouse exceeds what a copy to that machine may carry.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from packaging.specifiers import SpecifierSet
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_IMAGE = Path(__file__).with_name("image.txt")
-CARRY_LIMIT_MIB = 64  # the device tool carries at most 64 MiB of ignored paths with the working tree
+CARRY_LIMIT_MIB = 64  # at most 64 MiB of ignored paths travel with the working tree to the GPU machine
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux2014_x86_64")
 UNKNOWN_VERSION = "9999"  # a bare name in image.txt: "installed, assumed to satisfy any lower bound"
 STUB_LOCAL = "zkimage"  # local version label of the stubs: no real distribution on an index has it
@@ -237,8 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{wheel.stat().st_size / 2**20:8.2f} MiB  {wheel.name}")
     print(f"{len(wheels)} wheels, {total / 2**20:.1f} MiB in {args.out}")
     if total > args.max_mib * 2**20:
-        print(f"error: the wheelhouse is {total / 2**20:.1f} MiB, over the {args.max_mib:g} MiB the device tool "
-              f"carries; add what the image already has to {args.image}", file=sys.stderr)  # fmt: skip
+        print(f"error: the wheelhouse is {total / 2**20:.1f} MiB, over the {args.max_mib:g} MiB a copy to "
+              f"the GPU machine carries; add what the image already has to {args.image}", file=sys.stderr)  # fmt: skip
         return 2
     return 0
 

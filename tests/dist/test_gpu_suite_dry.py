@@ -1,6 +1,7 @@
 """The GPU suite's CPU dry mode: `python -m benchmarks.gpu.suite --dry-run --out DIR` runs every part that needs
-no CUDA with tiny shapes (real launches: torchrun DDP and deepspeed ZeRO-3, `zero-kit train` ZeRO-3 + export +
-reload, and LoRA), and every part writes one schema-valid record: CUDA parts say `skipped: no CUDA`."""
+no CUDA with tiny shapes (real launches: torchrun DDP and deepspeed ZeRO-3; `zero-kit train` ZeRO-3 + export +
+reload + resume, ZeRO-2 and LoRA; the throughput part at the planner's micro batch and every sweep setting), and
+every part writes one schema-valid record: the other CUDA parts say `skipped: no CUDA`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.gpu.common import PART_DATA_KEYS, check_record
+from benchmarks.gpu.parts_sweep import SETTINGS
 from benchmarks.gpu.suite import PARTS
 
 pytestmark = pytest.mark.dist
@@ -29,10 +31,27 @@ def test_dry_run_writes_one_valid_record_per_part(tmp_path):
         assert check_record(record) == [], record["part"]
         assert record["dry_run"] and record["versions"]["torch"] and record["hardware"]["cpus"]
     by = {r["part"]: r for r in records}
-    for part in ("environment", "correctness", "train"):  # what runs on CPU must have run, and passed
+    for part in ("environment", "train", "throughput", "sweep", "correctness"):  # what runs on CPU ran, and passed
         assert by[part]["status"] == "ok", (part, by[part]["reason"], by[part]["data"].get("traceback"))
-    for part in ("throughput", "planner", "compile"):
+    for part in ("planner", "compile"):
         assert by[part]["status"] == "skipped" and "no CUDA" in by[part]["reason"]
+    throughput = by["throughput"]["data"]  # the micro batch is the planner's: the tiny shape fits 8 on 80 GB
+    assert throughput["micro_batch"] == 8 and all(throughput["planned_fits"]["8"].values())
+    assert [(r["strategy"], r["batch"]["micro"]) for r in throughput["runs"]] == [("ddp", 8), ("zero3", 8)]
+    sweep = by["sweep"]["data"]  # every setting the GPU will run, at the throughput part's batch
+    assert [(r["setting"], r["strategy"]) for r in sweep["runs"]] == [
+        (label, strategy) for label, strategies, _ in SETTINGS for strategy in strategies
+    ]
+    assert all(
+        r["batch"]["micro"] == 8 and r["vs_generated_tokens_per_s"] > 0
+        for r in sweep["runs"]
+        if r["strategy"] == "zero3"
+    )
+    leaf = json.loads((out / "bench" / "sweep_leaf_decoder_layer" / "results.jsonl").read_text().splitlines()[0])
+    assert leaf["leaf_modules"] == {"LlamaDecoderLayer": 2}  # what DeepSpeed's engine applied from the override
+    train = by["train"]["data"]["runs"]
+    assert train["zero3_resumed"]["resumed_from"].endswith("checkpoint-2") and train["zero3_resumed"]["losses"]
+    assert train["lora"]["adapter_files"] and "zero3_offload" not in train  # CPU Adam's op build: CUDA runs only
     zeropp = by["zeropp"]  # qwZ/qgZ are CUDA-only: on CPU the generator (told so) and a train run refuse them
     assert zeropp["status"] == "skipped" and "refused" in zeropp["reason"], (zeropp["reason"], zeropp["data"])
     assert all(r["refused"] and "CPU backend" in r["message"] for r in zeropp["data"]["cpu_refusal"].values())

@@ -29,7 +29,7 @@ def test_refuses_a_wheelhouse_over_the_limit(tmp_path, monkeypatch, capsys):
     big.write_bytes(b"\0" * (2 * 2**20))
     monkeypatch.setattr(wheelhouse, "build", lambda args: [big])
     assert wheelhouse.main(["--out", str(tmp_path), "--max-mib", "1"]) == 2
-    assert "over the 1 MiB the device tool carries" in capsys.readouterr().err
+    assert "over the 1 MiB a copy to the GPU machine carries" in capsys.readouterr().err
 
 
 def test_closure_installs_offline_into_a_fake_image(tmp_path):

@@ -1,0 +1,59 @@
+"""Suite part: the performance issue's sweep on the GPU, at the throughput part's model, sequence and micro batch.
+Each setting is a `zero-kit bench --zero-override` run of ZeRO-2/3 beside the generator's own (the throughput
+part's runs): today's HF "auto" buckets, gathering decoder layers as one (leaf_module), DeepSpeed's default reduce
+bucket. Settings go in order of value and each starts only while the budget lasts; the dry run (CPU) goes through
+every one on the tiny shape, fp32, so the first GPU minute meets no typo."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gpu.common import Context, run_strategies, summarize_run
+
+SETTINGS: list[tuple[str, list[str], str]] = [
+    ("hf_auto_h2", ["zero2", "zero3"], "reduce_bucket_size={h2},stage3_prefetch_bucket_size={p9},overlap_comm=true"),
+    ("leaf_decoder_layer", ["zero3"], 'leaf_module={{"classes":["{layer}"]}}'),
+    ("reduce_5e8", ["zero2"], "reduce_bucket_size=500000000"),
+]
+"""(label, strategies, --zero-override template): h2 = h², p9 = 0.9·h² (what the HF Trainer fills "auto" with),
+layer = the decoder layer's class."""
+RESERVE_S = 90
+"""A setting starts only with this many seconds of the suite's budget left."""
+
+
+def override(template: str, model_config: dict) -> str:
+    h = model_config["hidden_size"]
+    layer = model_config["architectures"][0].removesuffix("ForCausalLM") + "DecoderLayer"
+    return template.format(h2=h * h, p9=int(0.9 * h * h), layer=layer)
+
+
+def sweep(ctx: Context) -> tuple[str, str | None, dict]:
+    setting = ctx.results.get("throughput_setting")
+    generated = {r["strategy"]: summarize_run(r) for r in ctx.results.get("throughput_records", [])}
+    if not setting or not generated:
+        return "skipped", "skipped: no throughput runs to compare with (the throughput part did not run)", {}
+    config = json.loads((Path(setting["model"]) / "config.json").read_text(encoding="utf-8"))
+    steps = {"steps": 3, "warmup": 1} if ctx.dry_run else {"steps": 10, "warmup": 4, "timeout": 300}
+    runs: list[dict[str, Any]] = []
+    not_run = []
+    for label, strategies, template in SETTINGS:
+        if ctx.remaining() < RESERVE_S:
+            not_run.append(label)
+            continue
+        text = override(template, config)
+        records = run_strategies(ctx, f"sweep_{label}", strategies, nproc=1, precision=setting["precision"],
+                                 model=setting["model"], seq_len=setting["seq_len"],
+                                 micro_batch=setting["micro_batch"], zero_override=text, **steps)  # fmt: skip
+        for record in records:
+            run = {"setting": label, "zero_override": text, **summarize_run(record)}
+            base = generated.get(run["strategy"])
+            if base and not base.get("failed") and not run.get("failed"):
+                run["vs_generated_tokens_per_s"] = run["tokens_per_s"] / base["tokens_per_s"]
+            runs.append(run)
+    data = {"setting": setting, "runs": runs, "not_run_budget": not_run}
+    failed = [f"{r['setting']}:{r['strategy']}" for r in runs if r.get("failed")]
+    if failed:
+        return "failed", f"failed runs: {failed}", data
+    return ("ok", None, data) if runs else ("skipped", f"skipped: budget spent before {not_run}", data)
