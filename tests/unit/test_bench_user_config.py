@@ -114,6 +114,16 @@ def test_the_name_of_a_user_config_is_no_strategy_name(tmp_path, capsys, no_laun
         check_name("ds_config:mine")
 
 
+def test_output_without_slurm_is_refused_naming_out(tmp_path, capsys, no_launch):
+    """-o/--output is --slurm's script; without --slurm a run would ignore it and write its results to bench_out."""
+    wanted = tmp_path / "results"
+    assert main(["bench", "--strategies", "ddp", "--output", str(wanted), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"-o/--output {wanted}: that is where --slurm writes its sbatch script" in err, err
+    assert f"pass --out {wanted}, or add --slurm" in err and "Traceback" not in err
+    assert not wanted.exists() and not (tmp_path / "out").exists()
+
+
 def test_slurm_checks_the_file_before_writing_the_script(tmp_path, capsys):
     script = tmp_path / "bench.sbatch"
     bad = _write(tmp_path, generated(fp16={"enabled": True}))

@@ -92,11 +92,16 @@ def _is_bench_script(path) -> bool:
 
 def _check_outputs(args: argparse.Namespace, out: str) -> None:
     """Before a rank starts: --out can hold the results and holds nothing of the user's; so for -o."""
-    from zero_kit.errors import check_writable_dir, check_writable_file, refuse_overwrite
+    from zero_kit.errors import UserError, check_writable_dir, check_writable_file, refuse_overwrite
 
     if not args.slurm:  # with --slurm, --out is a path on the cluster, written there
         check_writable_dir(out, "--out")
         refuse_overwrite(out, "--out", args.force, _is_bench_out)
+    if args.output and not args.slurm:  # a user who meant --out would look for results where none were written
+        raise UserError(
+            f"-o/--output {args.output}: that is where --slurm writes its sbatch script, and this run has no --slurm",
+            f"results go to --out (default bench_out): pass --out {args.output}, or add --slurm",
+        )
     if args.output:
         check_writable_file(args.output, "-o")
         refuse_overwrite(args.output, "-o", args.force, _is_bench_script)
