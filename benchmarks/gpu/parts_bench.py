@@ -95,8 +95,8 @@ def throughput_micro_batch(ctx: Context, folder: Path, strategies: list[str], se
 
 
 def throughput(ctx: Context) -> tuple[str, str | None, dict]:
-    """Part d: ~1B LLaMA at seq 2048 bf16 at a micro batch that fills the GPU, plain PyTorch against ZeRO-0..3 and
-    the offload variants. Dry (CPU): the tiny shape, fp32, ddp and zero3, the same calls."""
+    """~1B LLaMA at seq 2048 bf16 at a micro batch that fills the GPU (throughput_micro_batch): plain PyTorch against
+    ZeRO-1..3 (THROUGHPUT, or --throughput). Dry (CPU): the tiny shape, fp32, ddp and zero3, the same calls."""
     if not ctx.cuda and not ctx.dry_run:
         return "skipped", "skipped: no CUDA", {}
     folder = model_dir(ctx)

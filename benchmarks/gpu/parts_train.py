@@ -68,8 +68,8 @@ def _reload(ctx: Context, final: Path) -> dict[str, Any]:
 
 def train(ctx: Context) -> tuple[str, str | None, dict]:
     """ZeRO-3 (export, reload and generate; then resumed for 5 more steps), ZeRO-2, ZeRO-3 with the optimizer on the
-    CPU (DeepSpeed's CPU Adam) and LoRA under ZeRO-3. Without CUDA the offload run is left out: its CPU Adam is an op
-    build of minutes on a small CPU machine, which the CUDA image has built (benchmarks/gpu/README.md)."""
+    CPU (DeepSpeed's CPU Adam) and LoRA under ZeRO-3. The offload run is on CUDA only: its CPU Adam is an op build
+    on first use, minutes on a small CPU machine, which the dry run in CI cannot afford."""
     runs: dict[str, dict] = {}
     runs["zero3"] = train_run(ctx, "zero3", ["--stage", "3"])
     final = ctx.out / "train" / "zero3" / "final"
