@@ -4,7 +4,6 @@ log entries with the keys the Trainer's own count gave them (trackers and traine
 
 from __future__ import annotations
 
-import signal
 import time
 
 import torch
@@ -12,7 +11,7 @@ from transformers import Trainer, TrainerControl, TrainerState, TrainingArgument
 
 from zero_kit.dist import any_rank_and_sum
 from zero_kit.model import load_model
-from zero_kit.train.preemption import PreemptionCallback
+from zero_kit.train.callbacks import PreemptionCallback
 from zero_kit.train.tokens import TokenCount, counting_trainer
 
 PAD = 2
@@ -52,69 +51,6 @@ def test_the_preemption_check_adds_the_steps_tokens_to_the_state():
         assert state.num_input_tokens_seen == 105 and tokens.at_start == 100
     finally:
         preemption.on_train_end(None, state, control)  # the signal handlers back
-
-
-def test_a_logged_steps_check_is_made_in_the_log_and_acted_on_at_the_next_step(monkeypatch):
-    """In a multi-rank job a step the Trainer logs makes its check in the log (where the ranks just met in the
-    Trainer's loss gather), before the entry reads the count; a stop it finds is taken at the next step's end. A
-    step that saves makes it at its end: its trainer_state.json must have the step's tokens."""
-    monkeypatch.setattr("zero_kit.train.preemption.initialized", lambda: True)  # any_rank_and_sum: this rank's own
-    tokens = TokenCount(PAD)
-    preemption = PreemptionCallback(tokens=tokens)
-    try:
-        state, control = TrainerState(), TrainerControl()
-        control.should_log = True
-        tokens.add(_batch())
-        preemption.on_step_end(None, state, control)
-        assert state.num_input_tokens_seen == 0  # not yet: the log makes the check
-        preemption.settle(state)
-        assert state.num_input_tokens_seen == 5
-        preemption.settle(state)  # a second log entry of the step (an evaluation's): nothing more
-        assert state.num_input_tokens_seen == 5
-
-        tokens.add(_batch())
-        preemption.on_step_end(None, state, control)
-        preemption.signum = signal.SIGTERM  # arrives during the step's log, before its check
-        preemption.settle(state)
-        assert state.num_input_tokens_seen == 10 and not control.should_training_stop
-        tokens.add(_batch())
-        preemption.on_step_end(None, state, control)  # the next step's end: every rank saw the same flag
-        assert control.should_save and control.should_training_stop and preemption.stopped
-        assert state.num_input_tokens_seen == 15  # the stopping step's tokens, counted before its save
-
-        later = PreemptionCallback(tokens=tokens)
-        state, control = TrainerState(), TrainerControl()
-        control.should_log = control.should_save = True
-        tokens.take()
-        tokens.add(_batch())
-        later.on_step_end(None, state, control)  # a saving step checks at its end
-        assert state.num_input_tokens_seen == 5
-        control.should_save = False
-        tokens.add(_batch())
-        later.on_step_end(None, state, control)
-        later.on_step_end(None, state, control)  # no log made the last step's check: this step's end makes it first
-        assert state.num_input_tokens_seen == 10
-        tokens.add(_batch())
-        later.on_train_end(None, state, control)  # and the end of training, the last one's
-        assert state.num_input_tokens_seen == 15
-    finally:
-        preemption.on_train_end(None, state, control)  # the signal handlers back
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def test_the_log_settles_the_check_before_it_reads_the_count(tmp_path):
-    model, tokens = load_model(None), TokenCount(PAD)
-    seen = []
-
-    def settle(state):
-        seen.append(state.num_input_tokens_seen)
-        state.num_input_tokens_seen += 7
-
-    trainer = counting_trainer(tokens, settle)(model=model, args=TrainingArguments(str(tmp_path), report_to=[],
-                                                                                   use_cpu=True))  # fmt: skip
-    trainer.log({"loss": 1.0}, time.time() - 2)
-    assert seen == [0] and trainer.state.log_history[-1]["num_input_tokens_seen"] == 7
 
 
 def test_log_entries_keep_the_keys_of_the_trainers_own_count(tmp_path):

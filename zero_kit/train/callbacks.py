@@ -1,16 +1,17 @@
-"""Trainer callbacks of `zero-kit train`: progress and JSONL log (rank 0), complete-checkpoint marking, the
-heartbeat, evaluation and save schedules. The stop on SIGINT or SIGTERM is zero_kit.train.preemption's."""
+"""Trainer callbacks of `zero-kit train`: progress and JSONL log (rank 0), complete-checkpoint marking,
+and a stop on SIGINT or SIGTERM (finish the step, save, stop: zero_kit.train.stopping)."""
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
 
 from transformers import TrainerCallback
 
-from zero_kit.dist import barrier
+from zero_kit.dist import any_rank_and_sum, barrier
 from zero_kit.errors import UserError
 from zero_kit.train import checkpoint
 from zero_kit.train.resumed import apply_resumed_schedule
@@ -214,6 +215,63 @@ class HeartbeatCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.heartbeat.beat("export", state.global_step)
+
+
+class PreemptionCallback(TrainerCallback):
+    """SIGINT (Ctrl-C) or SIGTERM (SLURM's notice before preemption) -> finish the current step, save a complete
+    checkpoint, stop; `signum` says which came first, and the job exits with stopping.exit_code(signum).
+
+    Ranks may receive the signal at different steps, so they agree through an all-reduce of the flag at every
+    step end (carrying, with `tokens`, the step's trained tokens too: zero_kit.train.tokens); all of them then save
+    the same step. A signal that comes again (a terminal's Ctrl-C reaches a rank
+    directly and once more through the supervisor; the deepspeed launcher adds a SIGTERM) is the same request: the
+    handler only records, and the supervisor, not the rank, answers a second Ctrl-C by killing every process. Only
+    a process that is the whole job (`alone`: one rank, no supervisor above it) takes a second Ctrl-C as "stop at
+    once" itself. After a stop the handlers stay: a late signal must not cut the rank's final barrier short."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, rank: int = 0, alone: bool = False, tokens=None):
+        self.rank = rank
+        self.alone = alone
+        self.tokens = tokens  # a zero_kit.train.tokens.TokenCount: its sum over the ranks rides in the same all-reduce
+        self.signum: int | None = None
+        self.stopped = False
+        self._previous = {signum: signal.signal(signum, self._on_signal) for signum in self.SIGNALS}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _on_signal(self, signum, frame):
+        # No printing here: the handler may run while this thread is inside a print (a reentrant write raises).
+        if self.alone and signum == signal.SIGINT and self.signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            raise KeyboardInterrupt  # a second Ctrl-C: the CLI reports it; the checkpoint being written stays partial
+        self.signum = self.signum or signum
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.stopped:
+            return
+        asked, trained = any_rank_and_sum(self.requested, self.tokens.take() if self.tokens is not None else 0)
+        if self.tokens is not None:
+            state.num_input_tokens_seen += trained
+        if not asked:
+            return
+        self.stopped = True
+        self.signum = self.signum or signal.SIGTERM  # a peer was asked; this rank got nothing (yet)
+        control.should_save = True
+        control.should_training_stop = True
+        if self.rank == 0:
+            name = "Ctrl-C (SIGINT)" if self.signum == signal.SIGINT else "SIGTERM"
+            again = "; Ctrl-C again stops at once" if self.signum == signal.SIGINT else ""
+            print(f"zero-kit train: {name} received: saving a checkpoint of step {state.global_step}, then stopping"
+                  f"{again}", file=sys.stderr, flush=True)  # fmt: skip
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if not self.stopped:
+            for signum, handler in self._previous.items():
+                signal.signal(signum, handler)
 
 
 class StartupCallback(TrainerCallback):

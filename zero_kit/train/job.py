@@ -310,6 +310,7 @@ def _trainer(run: ResolvedRun, args, model, tokenizer, data: rundata.Data, run_i
         EvalScheduleCallback,
         HeartbeatCallback,
         PerplexityCallback,
+        PreemptionCallback,
         ProgressCallback,
         ResumedScheduleCallback,
         SaveAtEndCallback,
@@ -317,7 +318,6 @@ def _trainer(run: ResolvedRun, args, model, tokenizer, data: rundata.Data, run_i
         ThroughputCallback,
         before_trackers,
     )
-    from zero_kit.train.preemption import PreemptionCallback
     from zero_kit.train.tokens import TokenCount, counting_trainer
 
     throughput = ThroughputCallback(model, seq_len=run.options.max_length, precision=run.precision)
@@ -337,7 +337,7 @@ def _trainer(run: ResolvedRun, args, model, tokenizer, data: rundata.Data, run_i
         CompleteCheckpointCallback(run.output, opts.save_total_limit, run_info, keep_best=opts.keep_best),
         *([HeartbeatCallback(heartbeat)] if heartbeat is not None else []),  # last: sees this step's save decision
     ]
-    trainer = counting_trainer(tokens, preemption.settle)(
+    trainer = counting_trainer(tokens)(
         model=model,
         args=args,
         train_dataset=data.dataset,

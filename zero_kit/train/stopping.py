@@ -73,7 +73,7 @@ def stop_line(signum: int, output: Path, argv: list[str] | None) -> str:
 def leave_at_once_on_signal(output: Path, speak: bool) -> None:
     """A rank of a multi-rank job before its training starts: SIGINT or SIGTERM ends it at once (there is nothing
     to save yet, and a KeyboardInterrupt inside a start-up collective would leave its peers waiting for it until
-    the supervisor's grace runs out). preemption.PreemptionCallback takes over when the Trainer is built. speak: this
+    the supervisor's grace runs out). callbacks.PreemptionCallback takes over when the Trainer is built. speak: this
     process prints the last line (rank 0 of ranks an outside launcher started; a relaunching parent prints its own)."""
 
     def leave(signum, frame):

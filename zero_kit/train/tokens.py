@@ -4,9 +4,8 @@ ranks after every micro batch and waits for it (`.item()`; on a GPU a device syn
 plain Trainer (off by default) nor the step needs (benchmarks/train_overhead). Here each rank adds up the
 non-padding tokens of the micro batches it trains where they are (`CountingTrainer.training_step`), and the sum over
 the ranks travels in the all-reduce the preemption check makes at every step anyway
-(`zero_kit.train.preemption.PreemptionCallback`, `zero_kit.dist.any_rank_and_sum`; on a logged step it is made
-in the Trainer's log, before the entry reads the count). The Trainer's state, its log entries and the checkpoints'
-trainer_state.json get what the Trainer's own count gave them."""
+(`zero_kit.train.callbacks.PreemptionCallback`, `zero_kit.dist.any_rank_and_sum`). The Trainer's state, its log
+entries and the checkpoints' trainer_state.json get what the Trainer's own count gave them."""
 
 from __future__ import annotations
 
@@ -43,10 +42,9 @@ class TokenCount(TrainerCallback):
         self.at_start = state.num_input_tokens_seen
 
 
-def counting_trainer(tokens: TokenCount, settle=None) -> type:
+def counting_trainer(tokens: TokenCount) -> type:
     """The Trainer class of a run: each trained micro batch goes to `tokens`; each log entry gets the count and, with
-    the training's start time, the session's speed, as the Trainer adds them when it counts itself. `settle(state)`
-    (PreemptionCallback.settle) first brings the count up to date: a logged step's check is made there."""
+    the training's start time, the session's speed, as the Trainer adds them when it counts itself."""
     from transformers import Trainer
     from transformers.trainer_utils import speed_metrics
 
@@ -56,8 +54,6 @@ def counting_trainer(tokens: TokenCount, settle=None) -> type:
             return super().training_step(model, inputs, *args, **kwargs)
 
         def log(self, logs, start_time=None, *args, **kwargs):
-            if settle is not None:
-                settle(self.state)
             seen = self.state.num_input_tokens_seen
             logs["num_input_tokens_seen"] = seen
             if start_time is not None:
