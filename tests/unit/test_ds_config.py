@@ -82,6 +82,24 @@ def test_buckets_follow_the_hidden_size():
     assert "stage3_prefetch_bucket_size" not in build_ds_config(ZeroSpec(stage=2, hidden_size=64))["zero_optimization"]
 
 
+def test_zero3_on_cpu_ranks_keeps_no_parameter_whole():
+    """On CPU ranks ZeRO-3's persistence threshold is 0: DeepSpeed all-gathers every parameter it keeps whole after
+    each optimizer step, which cost the 3.1M bench model 11-19 ms a step there (benchmarks/comm_buckets). GPUs and
+    the HF Trainer's "auto" keep 10 h; zero-kit train on CPU writes the 0 too."""
+    from zero_kit.train.options import TrainOptions
+    from zero_kit.train.trainer_config import trainer_ds_config
+
+    assert bucket_sizes(64, "cpu")["stage3_param_persistence_threshold"] == 0
+    assert bucket_sizes(64, "cuda")["stage3_param_persistence_threshold"] == 640
+    cpu3 = build_ds_config(ZeroSpec(stage=3, hidden_size=64, device="cpu"))["zero_optimization"]
+    assert cpu3["stage3_param_persistence_threshold"] == 0 and cpu3["stage3_prefetch_bucket_size"] == 3686
+    auto = build_ds_config(ZeroSpec(stage=3, hidden_size=64, device="cpu", hf_auto=True))["zero_optimization"]
+    assert auto["stage3_param_persistence_threshold"] == "auto"
+    for device, expected in (("cpu", 0), ("cuda", 640)):
+        config = trainer_ds_config(TrainOptions(stage=3), device=device, hidden_size=64)
+        assert config["zero_optimization"]["stage3_param_persistence_threshold"] == expected
+
+
 # Each refusal names the flag and gives the fix in flags. The offload/stage and NVMe-path rules are the linter's
 # (lint/rules_zero.py), worded there and reported by flag (config/rulebook.py); the last two are flag checks.
 @pytest.mark.parametrize(

@@ -112,25 +112,35 @@ DEEPSPEED_REDUCE_BUCKET = 500_000_000
 """DeepSpeed's own default, the cap: a reduce bucket's buffer is bucket x dtype bytes (x2 with overlap_comm)."""
 
 
-def bucket_sizes(hidden_size: int) -> dict[str, int]:
+def bucket_sizes(hidden_size: int, device: str | None = None) -> dict[str, int]:
     """Communication buckets from the hidden size h: reduce BUCKET_LAYERS x h² elements, capped at DeepSpeed's
-    default (5e8). ZeRO-3's prefetch stays 0.9 h² and parameters under 10 h stay unpartitioned, as the HF Trainer
-    resolves "auto": a prefetch of 25 h² was faster on the 3.1M bench model (0.49x -> 0.59x DDP) but held 160 MiB
-    more per rank on a 58M LLaMA for one point of speed (benchmarks/comm_buckets), and ZeRO-3 is chosen to fit."""
+    default (5e8). ZeRO-3's prefetch stays 0.9 h², as the HF Trainer resolves "auto": a prefetch of 25 h² was faster
+    on the 3.1M bench model (0.49x -> 0.59x DDP) but held 160 MiB more per rank on a 58M LLaMA for one point of
+    speed (benchmarks/comm_buckets), and ZeRO-3 is chosen to fit. Its persistence threshold: persistence_threshold."""
     if hidden_size < 1:
         raise UserError(f"hidden size must be positive, got {hidden_size}", "pass --hidden-size H or --model DIR")
     return {
         "reduce_bucket_size": min(BUCKET_LAYERS * hidden_size * hidden_size, DEEPSPEED_REDUCE_BUCKET),
         "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
-        "stage3_param_persistence_threshold": 10 * hidden_size,
+        "stage3_param_persistence_threshold": persistence_threshold(hidden_size, device),
     }
 
 
-def measured_buckets(stage: int, hidden_size: int, trainable: int | None = None) -> dict[str, int]:
+def persistence_threshold(hidden_size: int, device: str | None) -> int:
+    """ZeRO-3 keeps parameters under this many elements whole on every rank, and all-gathers every one of them
+    again after each optimizer step (stage3.py `_post_step`). 10 h as the HF Trainer resolves "auto", except on CPU
+    ranks (`device` "cpu"): 0, nothing kept whole. Measured on 2 CPU ranks (benchmarks/comm_buckets): that
+    post-step gather held the 3.1M bench model's ranks 11-19 ms a step, and at 0 the step fell from 146 to 136 ms
+    (ZeRO-3 0.57x -> 0.62x DDP), peak RSS unchanged; on a 58M LLaMA within the noise. On GPUs the small parameters
+    (norms) would then be fetched with their modules, which is not measured there."""
+    return 0 if device == "cpu" else 10 * hidden_size
+
+
+def measured_buckets(stage: int, hidden_size: int, trainable: int | None = None, device: str | None = None) -> dict:
     """The bucket keys of `stage` (bucket_sizes), as numbers: what a run that knows its model writes where the HF
     Trainer would fill "auto" with h². `trainable`: the parameters that get gradients; no reduce bucket is larger
     (DeepSpeed allocates the whole bucket: a LoRA run would hold a buffer for parameters it does not train)."""
-    buckets = bucket_sizes(hidden_size)
+    buckets = bucket_sizes(hidden_size, device)
     if trainable:  # the prefetch gathers every parameter, trained or not: only the reduce can shrink
         buckets["reduce_bucket_size"] = min(buckets["reduce_bucket_size"], trainable)
     return _stage_buckets(stage, buckets)
@@ -199,7 +209,7 @@ def _sharding_keys(spec: ZeroSpec) -> dict[str, Any]:
     zero: dict[str, Any] = {}
     buckets = {key: AUTO for key in bucket_sizes(1)} if spec.hf_auto else None
     if buckets is None and spec.hidden_size is not None:
-        buckets = bucket_sizes(spec.hidden_size)
+        buckets = bucket_sizes(spec.hidden_size, spec.device)
     zero["overlap_comm"] = overlap_comm(spec.stage, spec.device)
     zero["contiguous_gradients"] = True
     if buckets is not None:
