@@ -1,7 +1,7 @@
 """Suite part: the performance issue's sweep on the GPU, at the throughput part's model, sequence and micro batch.
 Each setting is a `zero-kit bench --zero-override` run of ZeRO-2/3 beside the generator's own (the throughput
-part's runs): today's HF "auto" buckets, gathering decoder layers as one (leaf_module), DeepSpeed's default reduce
-bucket. Settings go in order of value and each starts only while the budget lasts; the dry run (CPU) goes through
+part's runs): today's HF "auto" buckets, the CPU ranks' persistence threshold of 0, gathering decoder layers as one
+(leaf_module, alone and with a layer's prefetch), DeepSpeed's default reduce bucket. Settings go in order of value and each starts only while the budget lasts; the dry run (CPU) goes through
 every one on the tiny shape, fp32, so the first GPU minute meets no typo."""
 
 from __future__ import annotations
@@ -14,11 +14,20 @@ from benchmarks.gpu.common import Context, run_strategies, summarize_run
 
 SETTINGS: list[tuple[str, list[str], str]] = [
     ("hf_auto_h2", ["zero2", "zero3"], "reduce_bucket_size={h2},stage3_prefetch_bucket_size={p9},overlap_comm=true"),
+    ("persistence_0", ["zero3"], "stage3_param_persistence_threshold=0"),
     ("leaf_decoder_layer", ["zero3"], 'leaf_module={{"classes":["{layer}"]}}'),
+    (
+        "leaf_prefetch_layer",
+        ["zero3"],
+        'leaf_module={{"classes":["{layer}"]}},stage3_prefetch_bucket_size={p25},'
+        "stage3_param_persistence_threshold=0,memory_efficient_linear=false",
+    ),
     ("reduce_5e8", ["zero2"], "reduce_bucket_size=500000000"),
 ]
 """(label, strategies, --zero-override template): h2 = h², p9 = 0.9·h² (what the HF Trainer fills "auto" with),
-layer = the decoder layer's class."""
+p25 = 25·h² (a whole decoder layer ahead), layer = the decoder layer's class. persistence_0 is the CPU ranks' rule
+(nothing kept whole, no gather after the step) on the GPU, where the generator keeps 10·h; leaf_prefetch_layer is
+the fastest ZeRO-3 measured on CPU ranks (benchmarks/comm_buckets)."""
 RESERVE_S = 90
 """A setting starts only with this many seconds of the suite's budget left."""
 
@@ -26,7 +35,7 @@ RESERVE_S = 90
 def override(template: str, model_config: dict) -> str:
     h = model_config["hidden_size"]
     layer = model_config["architectures"][0].removesuffix("ForCausalLM") + "DecoderLayer"
-    return template.format(h2=h * h, p9=int(0.9 * h * h), layer=layer)
+    return template.format(h2=h * h, p9=int(0.9 * h * h), p25=25 * h * h, layer=layer)
 
 
 def sweep(ctx: Context) -> tuple[str, str | None, dict]:
