@@ -1,8 +1,9 @@
 """Suite part: the performance issue's sweep on the GPU, at the throughput part's model, sequence and micro batch.
 Each setting is a `zero-kit bench --zero-override` run of ZeRO-2/3 beside the generator's own (the throughput
 part's runs): today's HF "auto" buckets, the CPU ranks' persistence threshold of 0, gathering decoder layers as one
-(leaf_module, alone and with a layer's prefetch), DeepSpeed's default reduce bucket. Settings go in order of value and each starts only while the budget lasts; the dry run (CPU) goes through
-every one on the tiny shape, fp32, so the first GPU minute meets no typo."""
+(leaf_module, alone and with a layer's prefetch), DeepSpeed's default reduce bucket. Settings go in order of value
+and each starts only while the budget lasts; the dry run (CPU) goes through every one on the tiny shape, fp32, so
+the first GPU minute meets no typo."""
 
 from __future__ import annotations
 

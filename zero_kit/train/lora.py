@@ -8,10 +8,10 @@ from zero_kit.train.options import TrainOptions
 
 
 def apply_lora(model, opts: TrainOptions, zero3: bool = False):
-    """The model wrapped by peft with --lora-r and friends. Under ZeRO-3 the embeddings' output requires grad:
-    zero-kit train gathers each decoder layer as one (zero_kit.config.builder.leaf_module), and DeepSpeed hangs a
-    gathered-as-one module's backward on its inputs; layer 0's input comes from the frozen embeddings, so without
-    this backward meets layer 0's released, 0-element weights. The cost is layer 0's input gradient (its compute, and
+    """The model wrapped by peft with --lora-r and friends. Under ZeRO-3 the embeddings' output requires grad: a
+    config may gather each decoder layer as one (--leaf-module, zero_kit.config.builder.leaf_module), and DeepSpeed
+    hangs a gathered-as-one module's backward on its inputs; layer 0's input comes from the frozen embeddings, so
+    without this backward meets layer 0's released, 0-element weights. The cost is layer 0's input gradient (its compute, and
     one micro batch x seq x hidden tensor)."""
     import warnings
 

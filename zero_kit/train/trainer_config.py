@@ -26,7 +26,7 @@ def trainer_ds_config(
 
     if opts.ds_config is None:
         spec = zero_spec(opts, device)
-        buckets = measured_buckets(spec.stage, hidden_size, trainable, device) if hidden_size else {}
+        buckets = measured_buckets(spec.stage, hidden_size, trainable, spec.device) if hidden_size else {}
         return build_ds_config(spec, RunAdjustments(torch_adam=torch_adam, zero_overrides=buckets))
     from zero_kit.lint import LintContext, load_checked
 
