@@ -7,6 +7,7 @@ test in this module (ports 29710-29719)."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from importlib.metadata import version
 
@@ -15,6 +16,7 @@ from packaging.version import Version
 
 from zero_kit.bench import BenchOptions, run_bench
 from zero_kit.cli import main
+from zero_kit.dist import THP_ENV
 from zero_kit.plan.accounting import model_state_bytes, zero12_edge_grad_bytes
 
 pytestmark = pytest.mark.dist
@@ -71,6 +73,9 @@ def test_every_strategy_ran_and_recorded_the_required_fields(records):
         assert r["step_time_s"] > 0 and r["tokens_per_s"]["total"] == pytest.approx(2 * r["tokens_per_s"]["per_rank"])
         assert set(r["model_state_bytes_per_rank"]) >= {"params", "grads", "optimizer", "total", "predicted"}
         assert r["peak_mem_bytes"]["rss"] > 0 and r["versions"]["torch"]
+        # the rank's own record of its huge pages: none for this 12 MiB model, which glibc's heap serves
+        # (zero_kit.dist.set_rank_huge_pages), or the user's own value
+        assert r["rank_env"][THP_ENV] == os.environ.get(THP_ENV) and r["rank_env"]["OMP_NUM_THREADS"]
 
 
 # ZeRO-1/2 (one optimizer, stage_1_and_2.py) with gradient accumulation on DeepSpeed before 0.19.8 (measured alike

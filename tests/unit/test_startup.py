@@ -177,3 +177,58 @@ def test_a_wrong_model_or_output_is_reported_before_any_heavy_import(tmp_path):
         "zero-kit train: error: --output /proc/zero-kit-run: cannot write in /proc (No such file or directory)",
         "  fix: choose a writable --output",
     ]
+
+
+def _rank_probe(
+    env: dict[str, str], torch_first: bool = False, stage: int = 2, params: int = 27_565_568
+) -> tuple[bool, int]:
+    """A fresh rank-like process: (did set_rank_huge_pages set the variable, AnonHugePages KiB after a 64 MiB CPU
+    tensor is written)."""
+    import subprocess
+    import sys
+
+    code = ("import torch\n" if torch_first else "") + (
+        f"from zero_kit.dist import set_rank_huge_pages\nset_ = set_rank_huge_pages({stage}, {params})\nimport torch\n"
+        "t = torch.ones(16 << 20)\n"  # 64 MiB of fp32, written
+        "kib = next(line.split()[1] for line in open('/proc/self/smaps_rollup') if line.startswith('AnonHugePages'))\n"
+        "print(set_, kib)"
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in ("THP_MEM_ALLOC_ENABLE", "GLIBC_TUNABLES")}
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, check=True)
+    was_set, kib = out.stdout.split()
+    return was_set == "True", int(kib)
+
+
+def test_zero12_cpu_ranks_put_tensors_in_huge_pages_as_torch_and_the_kernel_do():
+    """The real torch and kernel: THP_MEM_ALLOC_ENABLE set before torch's import gives a large CPU tensor huge pages
+    where the kernel's THP is "madvise" (this machine's, a common default). ZeRO-3 ranks and a model whose gather
+    glibc's heap reuses (under 32 MiB: the 3.1M bench model) keep 4 KiB pages; the user's 0 wins; after torch's
+    import it is too late and nothing is set. A GPU host sets nothing."""
+    from zero_kit.dist import gpu_host
+
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().split("[")[1].split("]")[0]
+    ours, zero3, small = _rank_probe({}), _rank_probe({}, stage=3), _rank_probe({}, params=3_148_224)
+    theirs, late = _rank_probe({"THP_MEM_ALLOC_ENABLE": "0"}), _rank_probe({}, torch_first=True)
+    assert (ours[0], zero3[0], small[0], theirs[0], late[0]) == (not gpu_host(), False, False, False, False)
+    if mode == "madvise" and not gpu_host():
+        assert ours[1] > 0 and zero3[1] == small[1] == theirs[1] == late[1] == 0, (ours, zero3, small, theirs, late)
+    elif mode == "never":
+        assert ours[1] == 0
+
+
+def test_the_runs_zero_stage_and_size_are_read_before_torch(tmp_path):
+    from zero_kit.model import tiny_llama_config
+    from zero_kit.plan.shapes import local_model_params
+    from zero_kit.train.startup import zero_stage
+
+    assert zero_stage(TrainOptions()) == 2 and zero_stage(TrainOptions(stage=1)) == 1
+    ds = tmp_path / "ds.json"
+    for text, stage in (('{"zero_optimization": {"stage": 3}}', 3), ("{}", None), ('{"zero_optimization": {}}', 0),
+                        ('{"zero_optimization": {"stage": "auto"}}', None), ("not json", None)):  # fmt: skip
+        ds.write_text(text)
+        assert zero_stage(TrainOptions(ds_config=str(ds))) == stage, text
+    assert zero_stage(TrainOptions(ds_config=str(tmp_path / "missing.json"))) is None
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(tiny_llama_config().to_dict()))
+    assert local_model_params(str(tmp_path / "m")) == 3_148_224  # the bench's default model, read without torch
+    assert local_model_params(str(tmp_path)) is None and local_model_params(None) is None

@@ -12,7 +12,7 @@ from typing import Any
 
 from zero_kit.bench.options import BenchOptions
 from zero_kit.bench.phases import PHASES
-from zero_kit.dist import local_world_size
+from zero_kit.dist import THP_ENV, THREADS_ENV, local_world_size
 from zero_kit.metrics import COMM_PHASES, CommCounter
 
 
@@ -45,7 +45,9 @@ def _environment(device: str) -> dict[str, Any]:
     hardware = {"machine": platform.machine(), "cpu": _cpu_model(), "cpus": os.cpu_count()}
     if device.startswith("cuda"):
         hardware["gpu"] = torch.cuda.get_device_name()
-    return {"versions": versions, "hardware": hardware}
+    # what the rank started with that moves its speed: threads, huge pages (zero_kit.dist), glibc's malloc
+    rank_env = {name: os.environ.get(name) for name in (THREADS_ENV, THP_ENV, "GLIBC_TUNABLES")}
+    return {"versions": versions, "hardware": hardware, "rank_env": rank_env}
 
 
 def _cpu_model() -> str:

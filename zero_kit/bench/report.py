@@ -219,7 +219,8 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
         r0 = ok[0]
         model = {k: v for k, v in r0["model"].items() if k not in ("param_numels", "params_held_by_rank")}
         lines += ["", f"Model: {model}; batch: {r0['batch']}; steps {r0['steps']} (warm-up {r0['warmup']}"
-                  " excluded from timing and bytes)", f"Versions: {r0['versions']}; hardware: {r0['hardware']}"]  # fmt: skip
+                  " excluded from timing and bytes)", f"Versions: {r0['versions']}; hardware: {r0['hardware']};"
+                  f" rank environment: {r0.get('rank_env', {})}"]  # fmt: skip
         differs = [f"{r['strategy']} ({r.get('max_abs_loss_diff_vs_ddp') or 0:.1e})" for r in ok
                    if not r.get("same_arithmetic_as_ddp", True) and not is_user_config(r["strategy"])]  # fmt: skip
         if differs:

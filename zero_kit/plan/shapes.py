@@ -174,6 +174,20 @@ def shape_from_hf_config(config: dict) -> LlamaShape:
     )
 
 
+def local_model_params(model: str | None) -> int | None:
+    """The parameters a local model directory's config.json describes, read without torch or transformers; None for
+    anything else (no directory, a Hub id, an architecture this module does not know)."""
+    import json
+    from pathlib import Path
+
+    if not model:
+        return None
+    try:
+        return shape_from_hf_config(json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))).n_params
+    except (OSError, ValueError, UserError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def hf_config(shape: LlamaShape) -> dict:
     """The Hugging Face config.json keys of `shape` (the inverse of shape_from_hf_config), for LlamaConfig(**...)."""
     return {

@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from zero_kit.dist import free_port, set_rank_threads, single_process_env, under_launcher
+from zero_kit.dist import THP_ENV, free_port, set_rank_huge_pages, set_rank_threads, single_process_env, under_launcher
+from zero_kit.plan.shapes import local_model_params
 from zero_kit.train.options import TrainOptions
 from zero_kit.watchdog import nccl_watchdog_env
 
@@ -35,16 +36,31 @@ STAGES = ("prepare", "launch", "imports", "rendezvous", "model", "data", "engine
 
 
 def rank_environment(opts: TrainOptions) -> None:
-    """A world of one when no launcher started this process; offline hubs; threads; the NCCL watchdog's variables."""
+    """A world of one when no launcher started this process; offline hubs; threads and huge pages; the NCCL
+    watchdog's variables."""
     if not under_launcher():
         os.environ.update(single_process_env(opts.master_port or free_port()))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     set_rank_threads()  # before torch's import: cores / local ranks, unless the user set OMP_NUM_THREADS
+    trained = None if opts.lora_r else local_model_params(opts.model)  # LoRA gathers its adapters only
+    set_rank_huge_pages(zero_stage(opts), trained, opts.precision)  # before torch's import too (zero_kit.dist)
     if opts.run_name:  # TensorBoard names its directory by date and host; the user's variable wins
         os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(opts.output) / "runs" / opts.run_name))
     os.environ.update({k: v for k, v in nccl_watchdog_env(opts.stall_timeout).items() if k not in os.environ})
+
+
+def zero_stage(opts: TrainOptions) -> int | None:
+    """The run's ZeRO stage, read without torch: the flag's (2 by default) or the --ds-config file's (None where the
+    file cannot say it yet; it is checked, and any mistake said, later)."""
+    if not opts.ds_config:
+        return 2 if opts.stage is None else opts.stage
+    try:
+        stage = json.loads(Path(opts.ds_config).read_text(encoding="utf-8"))["zero_optimization"].get("stage", 0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return stage if isinstance(stage, int) else None
 
 
 def process_start() -> float:
@@ -116,6 +132,7 @@ class StartupClock:
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
                 "torch": torch.get_num_threads() if torch else None,
             },  # fmt: skip
+            "huge_pages": os.environ.get(THP_ENV),  # zero_kit.dist.set_rank_huge_pages
             "measured": "rank 0: wall clock from the command's start, each stage from the end of the one before; "
             "resident memory of this rank's process at each stage's end (of it private: RssAnon) and its peak "
             "(getrusage)",
