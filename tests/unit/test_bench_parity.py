@@ -25,3 +25,16 @@ def test_fp32_is_exact_to_the_tolerance_and_lengths_must_match():
     assert loss_parity([x + PARITY_TOL / 2 for x in ref], ref, "fp32")
     assert not loss_parity([x + PARITY_TOL * 2 for x in ref], ref, "fp32")
     assert not loss_parity(ref[:2], ref, "fp32") and not loss_parity([], [], "bf16")
+
+
+def test_the_table_names_each_strategys_own_rank_environment():
+    """Huge pages are per strategy (ZeRO-1/2 of a large model): a table that showed the first run's alone would say
+    ZeRO-1 ran in 4 KiB pages."""
+    from zero_kit.bench.report import _rank_envs
+
+    plain = {"OMP_NUM_THREADS": "1", "THP_MEM_ALLOC_ENABLE": None}
+    huge = {**plain, "THP_MEM_ALLOC_ENABLE": "1"}
+    runs = [{"strategy": "ddp", "rank_env": plain}, {"strategy": "zero1", "rank_env": huge},
+            {"strategy": "zero3", "rank_env": plain}]  # fmt: skip
+    assert _rank_envs(runs) == f"{plain} (zero1: {huge})"
+    assert _rank_envs(runs[:1] + runs[2:]) == f"{plain}" and _rank_envs([{"strategy": "old"}]) == "{}"

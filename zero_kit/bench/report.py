@@ -205,6 +205,14 @@ def _predicted_inter(r: dict[str, Any]) -> str:
     return f" (planned {_mib(predicted['all_ranks_by_tier']['inter_node'])})" if predicted else ""
 
 
+def _rank_envs(ok: list[dict[str, Any]]) -> str:
+    """The first run's rank environment, then each strategy whose own differs (zero_kit.dist: huge pages for
+    ZeRO-1/2 of a large model only)."""
+    first = ok[0].get("rank_env", {})
+    own = [f"{r['strategy']}: {r.get('rank_env', {})}" for r in ok[1:] if r.get("rank_env", {}) != first]
+    return f"{first}" + (f" ({'; '.join(own)})" if own else "")
+
+
 def markdown_table(records: list[dict[str, Any]]) -> str:
     header = (
         "| strategy | ranks (nodes x per node) | precision | step time s (median) | tokens/s total (per rank) |"
@@ -220,7 +228,7 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
         model = {k: v for k, v in r0["model"].items() if k not in ("param_numels", "params_held_by_rank")}
         lines += ["", f"Model: {model}; batch: {r0['batch']}; steps {r0['steps']} (warm-up {r0['warmup']}"
                   " excluded from timing and bytes)", f"Versions: {r0['versions']}; hardware: {r0['hardware']};"
-                  f" rank environment: {r0.get('rank_env', {})}"]  # fmt: skip
+                  f" rank environment: {_rank_envs(ok)}"]  # fmt: skip
         differs = [f"{r['strategy']} ({r.get('max_abs_loss_diff_vs_ddp') or 0:.1e})" for r in ok
                    if not r.get("same_arithmetic_as_ddp", True) and not is_user_config(r["strategy"])]  # fmt: skip
         if differs:
