@@ -76,7 +76,8 @@ GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd")
 
 
 def gpu_host() -> bool:
-    """This host has a GPU driver's device files (GPU_DEVICE_FILES)."""
+    """An NVIDIA or AMD driver on this host (GPU_DEVICE_FILES): its ranks will likely train on GPUs. Asked of the
+    device files, not torch, whose import would cost a CPU run's checks seconds."""
     return any(os.path.exists(path) for path in GPU_DEVICE_FILES)
 
 

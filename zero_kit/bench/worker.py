@@ -17,7 +17,7 @@ from zero_kit.bench.options import PROGRESS, BenchOptions
 from zero_kit.dist import set_rank_huge_pages, set_rank_threads
 from zero_kit.metrics import CommCounter
 from zero_kit.plan.shapes import local_model_params
-from zero_kit.strategies import is_user_config
+from zero_kit.strategies import STRATEGIES, is_user_config
 from zero_kit.watchdog import Heartbeat
 
 
@@ -299,8 +299,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     set_rank_threads()  # before torch's import: cores / local ranks, unless the user set OMP_NUM_THREADS
     opts = BenchOptions(**json.loads(args.options_json))
-    stage = int(args.strategy[4]) if args.strategy[:5] in ("zero1", "zero2") else None
-    set_rank_huge_pages(stage, local_model_params(opts.model), opts.precision)  # ZeRO-1/2 of a large model
+    info = STRATEGIES.get(args.strategy)  # None for a user's --ds-config run
+    set_rank_huge_pages(info and info.stage, local_model_params(opts.model), opts.precision)  # ZeRO-1/2, large
     # The node of the link tiers and of the node-aware strategies: --gpus-per-node where given (on one host it
     # makes simulated nodes, see placement.py), else the launcher's ranks per node.
     counter = CommCounter(ranks_per_node=opts.gpus_per_node or 0).install()

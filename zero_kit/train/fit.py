@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from zero_kit.dist import gpu_host
 from zero_kit.errors import UserError
 from zero_kit.metrics import GIB
 from zero_kit.train.options import TrainOptions
@@ -276,7 +277,7 @@ def cpu_view(opts: TrainOptions, environ: dict[str, str]):
     from zero_kit.dist import under_launcher
     from zero_kit.train.run import Machine, resolve_run
 
-    if not opts.memory_check or opts.hostfile or host_has_gpu():
+    if not opts.memory_check or opts.hostfile or gpu_host():  # GPU ranks check their own memory
         return None
     if under_launcher(environ):
         world = int(environ["WORLD_SIZE"])
@@ -285,12 +286,6 @@ def cpu_view(opts: TrainOptions, environ: dict[str, str]):
         world = local = opts.nproc or 1
     # the same resolution the ranks make (a --ds-config file's batch, stage and offload included), on the CPU
     return resolve_run(opts, Machine("cpu", "gloo", 0, world, local, False)).planner
-
-
-def host_has_gpu() -> bool:
-    """An NVIDIA or AMD driver on this host: the ranks will likely train on GPUs (they check their own memory).
-    Asked of the device files, not torch, whose import would cost a CPU run's check seconds."""
-    return any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/kfd"))
 
 
 def check_gpu_memory(run) -> str | None:
