@@ -10,6 +10,7 @@ import json
 import os
 import statistics
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 from packaging.version import Version
@@ -55,6 +56,8 @@ def records(bench_out, user_file):
     lines = []
     run_bench(opts, progress=lines.append)
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    failed = {r["strategy"]: Path(r["log"]).read_text().splitlines()[-80:] for r in results if r.get("failed")}
+    assert not failed, json.dumps(failed, indent=1)  # each failed run's log, not a row count
     assert any("step 20/20" in line for line in lines)  # the progress display saw every run finish
     assert not [line for line in lines if "trains otherwise" in line]  # the file trains as the bench's strategies
     table = (out / "table.md").read_text()
