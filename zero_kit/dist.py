@@ -125,6 +125,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def port_in_use(port: int) -> bool:
+    """Whether a rendezvous server could not listen on `port` here: bound as torch's TCPStore binds it (every
+    address, SO_REUSEADDR, so a closed connection's TIME_WAIT does not count)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return True
+    return False
+
+
 def single_process_env(port: int) -> dict[str, str]:
     """A world of one, so DeepSpeed and the Trainer need no launcher for a job started without one."""
     return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}

@@ -2,12 +2,15 @@
 fp32 loss parity over 20 steps, measured model-state bytes against the ZeRO accounting, collective bytes
 against DDP, and each step split into phases; beside them a user's own config (`--ds-config`, issue 36): the file
 `zero-kit config --stage 2 --device cpu` writes, which must match ZeRO-2 and DDP. One benchmark run serves every
-test in this module (ports 29710-29719)."""
+test in this module (ports 29710-29719; the first is held, so DDP's run meets on a free one, as beside another
+job)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import statistics
 from importlib.metadata import version
 from pathlib import Path
@@ -54,7 +57,12 @@ def records(bench_out, user_file):
                         seq_len=32, micro_batch=2, grad_accum=2, steps=20, warmup=2, out=str(out),
                         master_port=29710, timeout=240, ds_comms_log=True, ds_config=str(user_file))  # fmt: skip
     lines = []
-    run_bench(opts, progress=lines.append)
+    with socket.socket() as held:  # DDP's port is taken (as by another job): its run meets on a free one, said once
+        with contextlib.suppress(OSError):  # something holds it already
+            held.bind(("", opts.master_port))
+            held.listen()
+        run_bench(opts, progress=lines.append)
+    assert len([line for line in lines if f"port {opts.master_port} is in use" in line]) == 1
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     failed = {r["strategy"]: Path(r["log"]).read_text().splitlines()[-80:] for r in results if r.get("failed")}
     assert not failed, json.dumps(failed, indent=1)  # each failed run's log, not a row count

@@ -36,8 +36,9 @@ def _run_one(strategy: str, launcher: str, opts: BenchOptions, index: int, out_d
     os.close(fd)
     run_dir = out_dir / "logs" / f"{strategy}.launch"
     run_dir.mkdir(exist_ok=True)
+    port = _rendezvous_port(opts.master_port + index, where, strategy, progress)
     launch = launch_commands("zero_kit.bench", rank_args(strategy, opts, record_path), where, Launcher(launcher),
-                             port=opts.master_port + index, run_dir=run_dir)  # fmt: skip
+                             port=port, run_dir=run_dir)  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **RUN_ENV}
     with open(log_path, "w", encoding="utf-8") as log:
         log.write("".join(" ".join(argv) + "\n" for argv in launch.argvs))
@@ -59,6 +60,20 @@ def _run_one(strategy: str, launcher: str, opts: BenchOptions, index: int, out_d
     record["command"] = " ;; ".join(" ".join(argv) for argv in launch.argvs)
     record["launch"] = where.describe()
     return record, str(log_path), None
+
+
+def _rendezvous_port(port: int, where: Placement, strategy: str, progress) -> int:
+    """A run's rendezvous port: `port` (--master-port + the run's index), or on one host, where something holds that
+    one already, a free one, said on the progress line: there the port only joins this host's ranks, and a busy one
+    would fail the run (EADDRINUSE from the launcher's store). Runs on several nodes keep `port`, which every node
+    was given."""
+    from zero_kit.dist import free_port, port_in_use
+
+    if where.mode != "local" or not port_in_use(port):
+        return port
+    other = free_port()
+    progress(f"port {port} is in use on this host: {strategy} meets on port {other} instead")
+    return other
 
 
 def run_bench(opts: BenchOptions, progress=None) -> list[dict]:

@@ -66,7 +66,7 @@ class BenchOptions:
     out: str = "bench_out"
     """Output directory: results.jsonl, table.md, PNG plots, logs/."""
     master_port: int = MULTI_NODE_PORT
-    """First rendezvous port; strategy i uses master_port + i."""
+    """First rendezvous port; strategy i uses master_port + i (on one host, a free port where that one is taken)."""
     timeout: int = 600
     """Seconds allowed per strategy run before it is killed and reported failed."""
     stall_timeout: float = 300
