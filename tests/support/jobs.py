@@ -102,16 +102,22 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def survivors(pgid: int) -> list[int]:
-    """Live processes still in the process group `pgid` (a job's session leader's pid)."""
-    found = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p.pid)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return found
+def survivors(pgid: int, grace: float = 5.0) -> list[int]:
+    """Live processes still in the process group `pgid` (a job's session leader's pid), after up to `grace` seconds
+    for members already on their way out: a rank killed with SIGKILL leaves only once the kernel has freed its
+    memory or its system call returns, a moment after its leader was reaped (CI once listed one such rank)."""
+    deadline = time.monotonic() + grace
+    while True:
+        found = []
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(p.pid)
+            except (ProcessLookupError, psutil.Error):
+                continue
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.05)
 
 
 def wait_for(
