@@ -5,8 +5,8 @@ on disk; the ranks would find the same mistakes only after half a minute of star
 
 What is read: the first rows of --data (zero_kit.data.files.peek_source) checked against --format without a
 tokenizer, --model's config.json, one probe file created and deleted in --output's nearest existing directory,
---nvme-path, the hostfile, and the --ds-config and --resume paths (a Hub id's config.json from the Hugging Face cache).
-Nothing is created."""
+--nvme-path, the hostfile, the rendezvous port this host will listen on, and the --ds-config and --resume paths (a
+Hub id's config.json from the Hugging Face cache). Nothing is created."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ def check_inputs(opts: TrainOptions, *, output: bool = True) -> None:
         _check_output,
         _check_nvme_path,
         _check_hostfile,
+        _check_master_port,
         _check_ds_config,
         _check_resume,
     )
@@ -181,6 +182,21 @@ def _check_hostfile(opts: TrainOptions) -> None:
 
     if opts.hostfile:
         read_hostfile(opts.hostfile)
+
+
+def _check_master_port(opts: TrainOptions) -> None:
+    """The rendezvous port this host will listen on, when this process starts the job: --master-port, or with
+    --hostfile the launcher's 29500 (the job's first host, this one, serves the rendezvous). Taken, every rank would
+    load the model and then fail with EADDRINUSE; --nproc without --master-port takes a free port itself."""
+    from zero_kit.dist import RENDEZVOUS_PORT, port_in_use, under_launcher
+
+    port = opts.master_port or (RENDEZVOUS_PORT if opts.hostfile else None)
+    if port is None or under_launcher():
+        return
+    if port_in_use(port):
+        given = f"--master-port {port}" if opts.master_port else f"the rendezvous port {port} (--hostfile's default)"
+        fix = "pass another --master-port" + ("" if opts.hostfile else ", or leave it out to take a free one")
+        raise UserError(f"{given}: something on this host holds it already (another job?)", fix)
 
 
 def _check_ds_config(opts: TrainOptions) -> None:
