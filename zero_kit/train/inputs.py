@@ -5,8 +5,8 @@ on disk; the ranks would find the same mistakes only after half a minute of star
 
 What is read: the first rows of --data (zero_kit.data.files.peek_source) checked against --format without a
 tokenizer, --model's config.json, one probe file created and deleted in --output's nearest existing directory,
---nvme-path, the hostfile, the rendezvous port this host will listen on, and the --ds-config and --resume paths (a
-Hub id's config.json from the Hugging Face cache). Nothing is created."""
+--nvme-path, the hostfile, --master-port on this host, and the --ds-config and --resume paths (a Hub id's config.json
+from the Hugging Face cache). Nothing is created."""
 
 from __future__ import annotations
 
@@ -185,18 +185,17 @@ def _check_hostfile(opts: TrainOptions) -> None:
 
 
 def _check_master_port(opts: TrainOptions) -> None:
-    """The rendezvous port this host will listen on, when this process starts the job: --master-port, or with
-    --hostfile the launcher's 29500 (the job's first host, this one, serves the rendezvous). Taken, every rank would
-    load the model and then fail with EADDRINUSE; --nproc without --master-port takes a free port itself."""
-    from zero_kit.dist import RENDEZVOUS_PORT, port_in_use, under_launcher
+    """--master-port of a job on this host only (--nproc, or one process), which this host's rank 0 will listen on:
+    taken, every rank would load the model and then fail with EADDRINUSE. Not with --hostfile: the rendezvous is
+    then on the first host, whose ports this host cannot see (relaunch.py). Without --master-port a free port is
+    taken."""
+    from zero_kit.dist import port_in_use, under_launcher
 
-    port = opts.master_port or (RENDEZVOUS_PORT if opts.hostfile else None)
-    if port is None or under_launcher():
+    if not opts.master_port or opts.hostfile or under_launcher():
         return
-    if port_in_use(port):
-        given = f"--master-port {port}" if opts.master_port else f"the rendezvous port {port} (--hostfile's default)"
-        fix = "pass another --master-port" + ("" if opts.hostfile else ", or leave it out to take a free one")
-        raise UserError(f"{given}: something on this host holds it already (another job?)", fix)
+    if port_in_use(opts.master_port):
+        raise UserError(f"--master-port {opts.master_port}: something on this host holds it already (another job?)",
+                        "pass another --master-port, or leave it out to take a free one")  # fmt: skip
 
 
 def _check_ds_config(opts: TrainOptions) -> None:
