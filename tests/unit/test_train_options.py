@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 
 import pytest
 
@@ -10,6 +11,7 @@ from zero_kit.commands import train as train_command
 from zero_kit.dist import single_process_env, slurm_to_torch_env, under_launcher
 from zero_kit.errors import UserError
 from zero_kit.options import dataclass_from_args, options_to_argv
+from zero_kit.train.inputs import check_inputs
 from zero_kit.train.options import TrainOptions, check_options, default_lr, zero_spec
 from zero_kit.train.relaunch import relaunch_command
 
@@ -58,3 +60,26 @@ def test_environment_detection():
     slurm = slurm_to_torch_env({"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"})
     assert (slurm["RANK"], slurm["WORLD_SIZE"], slurm["LOCAL_RANK"]) == ("3", "8", "1")
     assert slurm_to_torch_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "RANK": "0", "WORLD_SIZE": "2"}) == {}
+
+
+@pytest.mark.parametrize(
+    ("env", "refused"),
+    [({}, True), ({"RANK": "1", "WORLD_SIZE": "2"}, False), ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, False)],
+    ids=["this process starts the job", "a launcher's rank", "an srun task"],
+)
+def test_a_taken_master_port_is_refused_where_this_process_would_start_the_job(monkeypatch, env, refused):
+    """Not in a rank, whose rank 0 may hold the port already; not with --hostfile (test_mistakes_inputs.py runs
+    the command)."""
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen()
+        opts = TrainOptions(nproc=2, master_port=held.getsockname()[1])
+        if refused:
+            with pytest.raises(UserError, match="holds it already"):
+                check_inputs(opts, output=False)
+        else:
+            check_inputs(opts, output=False)

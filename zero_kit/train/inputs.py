@@ -185,13 +185,16 @@ def _check_hostfile(opts: TrainOptions) -> None:
 
 
 def _check_master_port(opts: TrainOptions) -> None:
-    """--master-port of a job on this host only (--nproc, or one process), which this host's rank 0 will listen on:
-    taken, every rank would load the model and then fail with EADDRINUSE. Not with --hostfile: the rendezvous is
-    then on the first host, whose ports this host cannot see (relaunch.py). Without --master-port a free port is
+    """--master-port of a job this process starts on this host only (--nproc, or one process), which this host's
+    rank 0 will listen on: taken, every rank would load the model and then fail with EADDRINUSE. Not with
+    --hostfile: the rendezvous is then on the first host, whose ports this host cannot see (relaunch.py); not in a
+    rank (a launcher's, or an srun task: rank 0 may hold the port already). Without --master-port a free port is
     taken."""
-    from zero_kit.dist import port_in_use, under_launcher
+    import os
 
-    if not opts.master_port or opts.hostfile or under_launcher():
+    from zero_kit.dist import port_in_use, slurm_to_torch_env, under_launcher
+
+    if not opts.master_port or opts.hostfile or under_launcher({**os.environ, **slurm_to_torch_env(dict(os.environ))}):
         return
     if port_in_use(opts.master_port):
         raise UserError(f"--master-port {opts.master_port}: something on this host holds it already (another job?)",
