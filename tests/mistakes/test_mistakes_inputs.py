@@ -7,13 +7,13 @@ for two ranks: they must be refused in the parent, before the relaunch (a rank w
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from tests.support.jobs import held_port
 from tests.support.mistakes import answer, assert_refused, snapshot
 
 BINARY = bytes(range(256)) * 4  # not UTF-8, not JSON: a file given by mistake (an image, a checkpoint shard)
@@ -176,10 +176,7 @@ def test_train_refuses_a_master_port_this_host_holds(tmp_path):
     """A port that another job listens on: every rank would load the model and then fail with EADDRINUSE."""
     _files(tmp_path)
     before = snapshot(tmp_path)
-    with socket.socket() as held:
-        held.bind(("", 0))
-        held.listen()
-        port = held.getsockname()[1]
+    with held_port() as port:
         found = answer(*TRAIN, "--master-port", str(port), cwd=tmp_path)
     assert_refused(found, f"--master-port {port}", "holds it already", "leave it out to take a free one", code=2)
     assert snapshot(tmp_path) == before, found.stderr

@@ -7,10 +7,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -100,6 +101,15 @@ def kill_group(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def held_port() -> Iterator[int]:
+    """A free port that this process listens on for the block, as another job's rendezvous would hold it."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
 
 
 def survivors(pgid: int, grace: float = 5.0) -> list[int]:

@@ -4,24 +4,15 @@ was given it. The whole bench with its first port held: tests/dist/test_bench_co
 
 from __future__ import annotations
 
-import socket
-
+from tests.support.jobs import held_port
 from zero_kit.bench.driver import _rendezvous_port
 from zero_kit.dist import port_in_use
 from zero_kit.launch import Placement, local
 
 
-def _listening() -> socket.socket:
-    sock = socket.socket()
-    sock.bind(("", 0))
-    sock.listen()
-    return sock
-
-
 def test_a_taken_port_on_one_host_is_passed_over_and_said():
     lines = []
-    with _listening() as held:
-        taken = held.getsockname()[1]
+    with held_port() as taken:
         assert port_in_use(taken)
         port = _rendezvous_port(taken, local(2), "ddp", lines.append)
         assert port != taken and not port_in_use(port)
@@ -30,11 +21,10 @@ def test_a_taken_port_on_one_host_is_passed_over_and_said():
 
 def test_a_free_port_and_a_multi_node_port_are_kept():
     lines = []
-    with _listening() as held:
-        free = held.getsockname()[1]
+    with held_port() as free:
+        pass
     assert _rendezvous_port(free, local(2), "zero1", lines.append) == free
-    with _listening() as held:
-        taken = held.getsockname()[1]
+    with held_port() as taken:
         nodes = Placement("hostfile", ("node0", "node1"), 1, hostfile="hosts")
         assert _rendezvous_port(taken, nodes, "zero1", lines.append) == taken
     assert lines == []

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import socket
 
 import pytest
 
+from tests.support.jobs import held_port
 from zero_kit.commands import train as train_command
 from zero_kit.dist import single_process_env, slurm_to_torch_env, under_launcher
 from zero_kit.errors import UserError
@@ -74,10 +74,8 @@ def test_a_taken_master_port_is_refused_where_this_process_would_start_the_job(m
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    with socket.socket() as held:
-        held.bind(("", 0))
-        held.listen()
-        opts = TrainOptions(nproc=2, master_port=held.getsockname()[1])
+    with held_port() as port:
+        opts = TrainOptions(nproc=2, master_port=port)
         if refused:
             with pytest.raises(UserError, match="holds it already"):
                 check_inputs(opts, output=False)

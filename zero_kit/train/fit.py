@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from zero_kit.dist import gpu_host
+from zero_kit.dist import gpu_host, under_launcher
 from zero_kit.errors import UserError
 from zero_kit.metrics import GIB
 from zero_kit.train.options import TrainOptions
@@ -274,7 +274,6 @@ def judge(view, opts: TrainOptions, on_gpu: bool, available: int, where: str) ->
 def cpu_view(opts: TrainOptions, environ: dict[str, str]):
     """The planner's view of a CPU run of `opts` with the ranks on this host, or None when not a CPU run, a
     hostfile run (other hosts' RAM is not ours to read), or --no-memory-check."""
-    from zero_kit.dist import under_launcher
     from zero_kit.train.run import Machine, resolve_run
 
     if not opts.memory_check or opts.hostfile or gpu_host():  # GPU ranks check their own memory
