@@ -162,7 +162,7 @@ def _with_run_file(parser: argparse.ArgumentParser, argv: list[str], args: argpa
     path = getattr(args, "config", None)
     if path is None:
         return args
-    from zero_kit.train.runfile import read_run_file
+    from zero_kit.train.options import read_run_file
 
     sub = next(a for a in parser._actions if a.dest == "command").choices[args.command]
     sub.set_defaults(**read_run_file(path, sub, args.command))
@@ -170,11 +170,11 @@ def _with_run_file(parser: argparse.ArgumentParser, argv: list[str], args: argpa
 
 
 def _speaks_for_the_job() -> bool:
-    """The one process that reports a Ctrl-C: not a rank a plain `zero-kit train` relaunched (that parent prints the
-    last line), and only rank 0 of ranks another launcher started."""
-    from zero_kit.train.relaunch import RELAUNCHED
+    """The one process that reports a Ctrl-C: not a rank a plain `zero-kit train` relaunched (its starting process
+    holds the plan and says the last line), and only rank 0 of ranks another launcher started."""
+    from zero_kit.train.plan import PLAN_ENV
 
-    return not os.environ.get(RELAUNCHED) and os.environ.get("RANK", "0") == "0"
+    return not os.environ.get(PLAN_ENV) and os.environ.get("RANK", "0") == "0"
 
 
 def console() -> None:

@@ -40,9 +40,11 @@ def world_size_from_env(environ: dict[str, str]) -> tuple[int | None, str]:
     return None, ""
 
 
-def local_world_size(default: int) -> int:
-    """Ranks on this node: torchrun sets LOCAL_WORLD_SIZE, the deepspeed launcher LOCAL_SIZE."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or default)
+def local_size_from_env(environ: dict[str, str]) -> int | None:
+    """The launcher's ranks on this node (torchrun's LOCAL_WORLD_SIZE, the deepspeed launcher's LOCAL_SIZE); None
+    when no launcher set one."""
+    raw = environ.get("LOCAL_WORLD_SIZE") or environ.get("LOCAL_SIZE") or ""
+    return int(raw) if raw.strip().isdigit() and int(raw) > 0 else None
 
 
 THREADS_ENV = "OMP_NUM_THREADS"
@@ -51,8 +53,7 @@ THREADS_ENV = "OMP_NUM_THREADS"
 def rank_threads(environ: dict[str, str], cores: int) -> int:
     """Threads for one rank's intra-op pool: the usable cores shared by the ranks on this node, at least one.
     No more busy threads than cores; DeepSpeed's own core binding gives the same. benchmarks/startup/ has the A/B."""
-    ranks = int(environ.get("LOCAL_WORLD_SIZE") or environ.get("LOCAL_SIZE") or 1)
-    return max(1, cores // max(1, ranks))
+    return max(1, cores // (local_size_from_env(environ) or 1))
 
 
 def set_rank_threads() -> int | None:

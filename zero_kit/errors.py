@@ -8,6 +8,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+EXIT_PREEMPTED = 75
+"""Exit code of a run stopped by SIGTERM (SLURM preemption) after it saved a complete checkpoint: EX_TEMPFAIL from
+sysexits.h, "try again later"; relaunch with `--resume auto` to continue."""
+
 
 class UserError(Exception):
     """A mistake in what the user gave us: names the flag, key, file or line, and says how to fix it."""

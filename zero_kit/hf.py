@@ -20,7 +20,7 @@ from zero_kit.dist import free_port, single_process_env, slurm_to_torch_env, und
 from zero_kit.errors import UserError, raise_all
 from zero_kit.train.callbacks import ThroughputCallback
 from zero_kit.train.options import TrainOptions, check_options
-from zero_kit.train.trainer_config import trainer_ds_config
+from zero_kit.train.plan import trainer_ds_config
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
@@ -28,7 +28,7 @@ PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 def deepspeed_config(**options: Any) -> dict:
     """The DeepSpeed dict for `TrainingArguments(deepspeed=...)`, from the same options as `zero-kit train`
     (e.g. `stage=3, offload_optimizer="cpu"`, or `ds_config="my.json"` to lint and load a file): the same step
-    `zero_kit.train.run.resolve_run` makes the run's dict with. It does not depend on the machine that calls it
+    `zero_kit.train.plan.plan_run` makes the run's dict with. It does not depend on the machine that calls it
     (a script may write the config on a login node for GPU nodes); your TrainingArguments decide the rest. On the
     machine that trains, `training_arguments` does that part too."""
     opts = TrainOptions(**options)
@@ -61,7 +61,7 @@ def training_arguments(
     from transformers import TrainingArguments
 
     from zero_kit.launch.ops import use_extensions_dir
-    from zero_kit.train.job import init_deepspeed_comm
+    from zero_kit.train.rank import init_deepspeed_comm
 
     choice = _precision_choice(precision, training_kwargs)
     zero = {"offload_optimizer": offload_optimizer, "offload_param": offload_param, "nvme_path": nvme_path}
@@ -124,14 +124,19 @@ def _input_problems(precision: str, training_kwargs: dict[str, Any]) -> list[Use
 
 
 def _machine():
-    """This rank's machine (zero_kit.train.run.detect_machine), after giving a process started without a launcher
+    """This rank's device kind (zero_kit.dist selects its GPU), after giving a process started without a launcher
     a world of one, and one started by srun the torch.distributed variables."""
-    from zero_kit.train.run import detect_machine
+    import torch
+
+    from zero_kit.dist import device_and_backend
+    from zero_kit.train.plan import Host
 
     os.environ.update(slurm_to_torch_env(dict(os.environ)))
     if not under_launcher():
         os.environ.update(single_process_env(free_port()))
-    return detect_machine()
+    device, _ = device_and_backend()
+    on_gpu = device != "cpu"
+    return Host(on_gpu=on_gpu, bf16_supported=on_gpu and torch.cuda.is_bf16_supported())
 
 
 def _machine_problems(training_kwargs: dict[str, Any], on_gpu: bool) -> list[UserError]:
@@ -147,7 +152,7 @@ def _machine_problems(training_kwargs: dict[str, Any], on_gpu: bool) -> list[Use
 
 def _resolve_precision(choice: str, config: dict, ds_config: str | None, machine) -> str:
     """The run's precision, as `zero-kit train` picks it (a ds_config file's enabled bf16/fp16 decides "auto")."""
-    from zero_kit.train.run import file_values, resolve_precision
+    from zero_kit.train.plan import file_values, resolve_precision
 
     from_file = file_values(config).get("precision") if ds_config and choice == "auto" else None
     return resolve_precision(from_file or choice, machine, from_file_path=ds_config if from_file else None)

@@ -150,12 +150,14 @@ class CommCounter:
     its tensors, e.g. ZeRO-3's gathered parameters, alive)."""
 
     def install(self) -> CommCounter:
+        import os
+
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
-        from zero_kit.dist import local_world_size
+        from zero_kit.dist import local_size_from_env
 
-        self.ranks_per_node = self.ranks_per_node or local_world_size(0)
+        self.ranks_per_node = self.ranks_per_node or local_size_from_env(dict(os.environ)) or 0
 
         for name in _COLLECTIVES:
             original = getattr(c10d, name, None) or getattr(dist, name, None)

@@ -3,7 +3,7 @@
     tokenizer = load_tokenizer(None)          # the tokenizer shipped in zero_kit/assets/tokenizer
     model = load_model(None, seed=0)          # tiny LlamaForCausalLM, ~3M parameters, same weights for a seed
 
-With a transformers `HfDeepSpeedConfig` for ZeRO-3 alive (created by the caller, e.g. zero_kit.train.job),
+With a transformers `HfDeepSpeedConfig` for ZeRO-3 alive (created by the caller, e.g. zero_kit.train.rank),
 `from_config` / `from_pretrained` build the model inside `deepspeed.zero.Init`, so each rank allocates only
 its partition of every parameter (`p.ds_numel` is the full size, `p.numel()` the local one).
 """

@@ -37,6 +37,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zero_kit.log import warn
+
 EXIT_STALLED = 76
 """Exit code of a job the watchdog ended (EX_PROTOCOL in sysexits.h; 75 is a preempted job)."""
 LONG_PHASES = ("startup", "save", "export")
@@ -173,7 +175,7 @@ class Heartbeat:
         while True:
             report = read_marker(self.directory, self.started)
             if report is not None:
-                print(f"zero-kit: rank {self.rank} stops: {report}", file=sys.stderr, flush=True)
+                warn(f"zero-kit: rank {self.rank} stops: {report}")
                 os._exit(EXIT_STALLED)
             with suppress(OSError):  # a full disk: the rank's next beat raises it where the run names it
                 self.flush()
@@ -269,7 +271,7 @@ def _add_to_marker(directory: Path, rank: int, pid: int) -> None:
     stopped rank's own host can see its state; its guardian adds it before the kill that lets its launcher end, so
     the report read after the job's end (`zero-kit train --hostfile`) always names it."""
     line = f"rank {rank} on {socket.gethostname()} (pid {pid}) was stopped (SIGSTOP?): SIGKILLed by its guardian"
-    print(f"zero-kit: stall watchdog: {line}", file=sys.stderr, flush=True)
+    warn(f"zero-kit: stall watchdog: {line}")
     with open(directory / MARKER, "a", encoding="utf-8") as handle:
         handle.write(line + "\n")
 
@@ -303,7 +305,7 @@ def guard(directory: Path, rank: int, world_size: int, stall_timeout: float, pid
         if read_marker(directory, since) is None and stalled(beats, stall_timeout, now, since):
             report = describe(beats, stall_timeout, now)
             if write_marker(directory, report):
-                print(f"zero-kit: stall watchdog (rank {rank}'s guardian): {report}", file=sys.stderr, flush=True)
+                warn(f"zero-kit: stall watchdog (rank {rank}'s guardian): {report}")
         if read_marker(directory, since) is not None:
             # A running rank's own watcher exits with EXIT_STALLED; a stopped one never will: no grace for it.
             stopped = _stopped(pid)

@@ -1,4 +1,4 @@
-"""The planner's CPU peak per rank (what `zero-kit train` checks before it starts, zero_kit.train.fit.rank_peak)
+"""The planner's CPU peak per rank (what `zero-kit train` checks before it starts, zero_kit.train.guards.fit.rank_peak)
 against the measured peak RSS of a one-rank CPU run, at three sequence lengths, on a LLaMA built from a config
 with a 4,096-token context (random init; the embedded tokenizer; bundled data packed to the length; ZeRO-2, fp32,
 micro batch 1, 2 optimizer steps).
@@ -49,11 +49,12 @@ def model_dir(work: Path) -> Path:
 
 
 def planned(model: Path, length: int) -> int:
-    from zero_kit.train.fit import cpu_view, rank_peak
+    from zero_kit.train.guards.fit import cpu_view, rank_peak
     from zero_kit.train.options import TrainOptions
+    from zero_kit.train.plan import Host, plan_run
 
     opts = TrainOptions(model=str(model), max_length=length, pack=True, micro_batch=1, stage=2)
-    return rank_peak(cpu_view(opts, {}), on_gpu=False)
+    return rank_peak(cpu_view(plan_run(opts, {}, Host(on_gpu=False, bf16_supported=False))), on_gpu=False)
 
 
 def measured(model: Path, length: int, work: Path, kill_gib: float) -> tuple[int, bool, float]:

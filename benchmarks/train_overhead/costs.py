@@ -44,7 +44,7 @@ def timed(call, calls: int, meet: bool = False) -> float:
 def collectives(calls: int) -> dict:
     """Before: the Trainer's token count (include_num_input_tokens_seen, which zero-kit turned on: accelerate
     gathers one int64 per micro batch, then .item()) and PreemptionCallback's any_rank (a MAX all-reduce per step).
-    Now: one all-reduce per step carries the stop flag and the step's tokens (zero_kit.train.tokens)."""
+    Now: one all-reduce per step carries the stop flag and the step's tokens (zero_kit.train.callbacks)."""
     import torch
     import torch.distributed as dist
 

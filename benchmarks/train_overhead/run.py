@@ -7,7 +7,7 @@ watchdog, progress line and run records, on the same DeepSpeed JSON, model, data
 A: `zero-kit train --nproc 2 --stage S --max-steps N --no-export --resume never` on the embedded tiny LLaMA and the
 bundled data (the defaults). B: benchmarks/train_overhead/plain_hf.py under the same launcher zero-kit uses for
 --nproc 2 (`python -m deepspeed.launcher.runner --num_gpus 2 --no_local_rank`, argv from zero_kit.launch), with
-the DeepSpeed dict zero-kit's ranks build (zero_kit.train.run.resolve_run for this machine, written to a JSON
+the DeepSpeed dict zero-kit's ranks build (zero_kit.train.plan.plan_run for this machine, written to a JSON
 file once; after each A run it is checked equal to the dict in A's checkpoint-N/training_args.bin), the tiny
 model saved once with save_pretrained (the same weights: zero_kit.model.load_model(None, seed=0)), the same
 tokenized rows (zero-kit's cache entry, save_to_disk once), the same batch, lr schedule, clipping, seed, logging
@@ -62,7 +62,7 @@ def prepare(work: Path, stages: list[int], steps: int) -> dict:
     """Once: the model directory, the tokenized data, one DeepSpeed JSON per stage, B's arguments."""
     from zero_kit.model import load_model, load_tokenizer
     from zero_kit.train import rundata
-    from zero_kit.train.run import Machine, resolve_run
+    from zero_kit.train.plan import Host, plan_run
 
     work.mkdir(parents=True, exist_ok=True)
     model, data = work / "model", work / "data"
@@ -72,10 +72,10 @@ def prepare(work: Path, stages: list[int], steps: int) -> dict:
     if not (data / "dataset_info.json").is_file():
         train, _, _ = rundata.prepare(options(2, steps), speak=False).train.load()  # zero-kit's own cache entry
         train.save_to_disk(str(data))
-    machine = Machine(device="cpu", backend="gloo", rank=0, world_size=RANKS, local_size=RANKS, bf16_supported=False)
+    cpu = Host(on_gpu=False, bf16_supported=False)
     configs, flags = {}, {}
     for stage in stages:
-        run = resolve_run(options(stage, steps), machine)  # what each of A's ranks resolves on this machine
+        run = plan_run(options(stage, steps), {"WORLD_SIZE": str(RANKS)}, cpu)  # the plan A's ranks run here
         configs[stage] = work / f"ds_stage{stage}.json"
         configs[stage].write_text(json.dumps(run.ds_config, indent=1) + "\n")
         opts = run.options
@@ -160,7 +160,7 @@ def launch_ranks(module: str, args: list[str], log: Path, timeout: float) -> tup
     from zero_kit.dist import free_port
     from zero_kit.launch.argv import deepspeed_command
     from zero_kit.launch.ops import extensions_dir
-    from zero_kit.train.relaunch import RUNNER
+    from zero_kit.train.parent import RUNNER
 
     port = free_port()
     cmd = deepspeed_command(module, args, nproc=RANKS, master_port=port, launcher=list(RUNNER.program),

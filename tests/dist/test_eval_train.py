@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.jobs import FAST, run, zero_kit
 from tests.support.runs import log_records
-from zero_kit.train.checkpoint import MANIFEST, RUN_INFO, list_checkpoints
+from zero_kit.checkpoints.store import MANIFEST, RUN_INFO, list_checkpoints
 
 pytestmark = pytest.mark.dist
 STEPS = 2

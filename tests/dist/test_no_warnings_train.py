@@ -63,7 +63,7 @@ def test_the_recorder_would_see_ours():
     records = [
         {"category": "FutureWarning", "message": "`gradient_checkpointing` is deprecated and will be removed in v6.",
          "filename": "/site-packages/transformers/training_args.py"},
-        {"category": "DeprecationWarning", "message": "x", "filename": f"{PACKAGE}/train/job.py"},
+        {"category": "DeprecationWarning", "message": "x", "filename": f"{PACKAGE}/train/rank.py"},
         {"category": "UserWarning", "message": "`gradient_checkpointing` is deprecated", "filename": "/x.py"},
         {"category": "FutureWarning", "message": "their own internals", "filename": "/site-packages/torch/x.py"},
     ]  # fmt: skip

@@ -19,8 +19,8 @@ import pytest
 
 from tests.support.jobs import FAST, env, kill_group, start, survivors, wait_for, zero_kit
 from tests.support.runs import log_records, logged_steps, resumed_from, run_info
-from zero_kit.train import checkpoint
-from zero_kit.train.claim import CLAIM
+from zero_kit.checkpoints import store
+from zero_kit.checkpoints.claim import CLAIM
 
 pytestmark = pytest.mark.dist
 
@@ -45,7 +45,7 @@ def first(tmp_path_factory) -> SimpleNamespace:
     out = root / "out"
     job = start(zero_kit("train", *ARGS, "--max-steps", "10", "--output", str(out)), root / "first.log", env=env(),
                 reap=True)  # fmt: skip
-    wait_for(lambda: checkpoint.newest_complete(out), "the first run's first complete checkpoint", job, timeout=300)
+    wait_for(lambda: store.newest_complete(out), "the first run's first complete checkpoint", job, timeout=300)
     os.killpg(job.proc.pid, signal.SIGSTOP)
     try:
         before = _tree(out)
@@ -86,7 +86,7 @@ def test_the_first_run_finishes_alone(first):
     record = run_info(first.out)
     for step in (5, 10):
         ckpt = first.out / f"checkpoint-{step}"
-        assert checkpoint.is_complete(ckpt) and json.loads((ckpt / checkpoint.RUN_INFO).read_text()) == record
+        assert store.is_complete(ckpt) and json.loads((ckpt / store.RUN_INFO).read_text()) == record
     assert not (first.out / CLAIM).exists()  # released at the end
 
 

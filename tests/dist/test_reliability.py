@@ -31,8 +31,8 @@ from tests.support.runs import (
     pointer,
     resumed_from,
 )
-from zero_kit.train import checkpoint
-from zero_kit.train.options import EXIT_PREEMPTED
+from zero_kit.checkpoints import store
+from zero_kit.errors import EXIT_PREEMPTED
 
 pytestmark = [pytest.mark.dist, pytest.mark.serial]  # kills and bounded stop times: never beside another test
 STOP_BOUND_S = 60  # deepspeed's launcher polls ranks every 1 s, then gives survivors 30 s after SIGTERM
@@ -66,9 +66,9 @@ def test_1_killed_rank_stops_the_job_in_bounded_time(shared):
     assert stop_s < STOP_BOUND_S
     assert survivors(job.proc.pid) == [], "a rank outlived the job"
     # Usually checkpoint-2; checkpoint-4 when a loaded machine let step 4's save finish before the kill landed.
-    complete = checkpoint.newest_complete(out)
+    complete = store.newest_complete(out)
     assert complete.name in ("checkpoint-2", "checkpoint-4") and pointer(out) == complete.name
-    shared["complete"] = checkpoint.checkpoint_step(complete)
+    shared["complete"] = store.checkpoint_step(complete)
     shared["last_step_before_kill"] = logged_steps(out)[-1]
     shared["stop_s"] = stop_s
 
@@ -80,7 +80,7 @@ MOMENTS = [
         "shards",
         lambda seen: sum(f.endswith("_optim_states.pt") for f in seen) == 2 and "trainer_state.json" not in seen,
     ),
-    ("sealing", lambda seen: {"trainer_state.json", checkpoint.RUN_INFO, "rng_state_1.pth"} <= set(seen)),
+    ("sealing", lambda seen: {"trainer_state.json", store.RUN_INFO, "rng_state_1.pth"} <= set(seen)),
 ]
 
 
@@ -97,8 +97,8 @@ def test_2_kill_during_save_resumes_from_previous_complete(shared, index):
     if index == 0:  # the relaunch after the rank kill of test 1: the steps done past the checkpoint were lost
         shared["steps_lost"] = shared["last_step_before_kill"] - complete
     assert expected_files(seen), f"not at '{moment}': {seen}"
-    assert checkpoint.MANIFEST not in seen and not checkpoint.is_complete(ck)
-    assert checkpoint.newest_complete(out).name == pointer(out) == f"checkpoint-{complete}"
+    assert store.MANIFEST not in seen and not store.is_complete(ck)
+    assert store.newest_complete(out).name == pointer(out) == f"checkpoint-{complete}"
     shared.setdefault("moments", []).append((moment, len(seen)))
 
 
@@ -113,7 +113,7 @@ def test_3_sigterm_saves_exits_75_and_resumes_there(shared):
     assert code == EXIT_PREEMPTED, job.text()[-3000:]
     assert complete < stopped_at < STEPS
     assert pointer(out) == f"checkpoint-{stopped_at}"
-    assert checkpoint.is_complete(out / f"checkpoint-{stopped_at}")
+    assert store.is_complete(out / f"checkpoint-{stopped_at}")
     shared["preempted_at"] = stopped_at
 
 
@@ -132,8 +132,8 @@ def test_4_final_weights_bitwise_equal_to_uninterrupted_run(shared, reference):
 
 def test_5_leftovers_of_killed_saves_are_removed(shared):
     # The resumes deleted every incomplete checkpoint-N; only complete ones (with manifests) remain.
-    for ck in checkpoint.list_checkpoints(shared["out"]):
-        assert checkpoint.is_complete(ck), ck
+    for ck in store.list_checkpoints(shared["out"]):
+        assert store.is_complete(ck), ck
     shutil.rmtree(shared["out"], ignore_errors=True)
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.jobs import FAST, env, zero_kit
-from zero_kit.train import checkpoint
-from zero_kit.train.preflight import HOST_MEM_ENV
+from zero_kit.checkpoints import store
+from zero_kit.train.guards.preflight import HOST_MEM_ENV
 
 pytestmark = [pytest.mark.dist, pytest.mark.serial]  # a full disk and its timing: never beside another test
 
@@ -65,8 +65,8 @@ def test_disk_full_during_a_save_is_a_message_and_resume_skips_the_partial_check
     with tmpfs(tmp_path / "small", 60) as small:
         out = small / "run"
         proc = _train("--output", str(out), "--stage", "2", "--max-steps", "3", "--save-steps", "1")
-        complete = checkpoint.newest_complete(out)
-        partial = [p.name for p in checkpoint.list_checkpoints(out) if not checkpoint.is_complete(p)]
+        complete = store.newest_complete(out)
+        partial = [p.name for p in store.list_checkpoints(out) if not store.is_complete(p)]
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert f"--output {out}: writing a checkpoint failed, the disk is full" in proc.stderr

@@ -1,6 +1,6 @@
 """Resume at another world size beyond full-model ZeRO-3 (test_reliability.py's test_6): a LoRA (ZeRO-3)
 checkpoint written by two ranks and resumed at one through DeepSpeed's universal checkpoint conversion
-(zero_kit/train/universal.py). The micro batch keeps the global batch at 4 (2x2 -> 1x4), so the resumed steps see
+(zero_kit/checkpoints/universal.py). The micro batch keeps the global batch at 4 (2x2 -> 1x4), so the resumed steps see
 the same examples; the losses must continue the uninterrupted two-rank run within test_6's tolerance. The ZeRO-2
 case reads the run test_resume_zero2.py makes anyway (its last test).
 """

@@ -3,7 +3,7 @@
 - a run resumed from its step-2 checkpoint ends with bitwise the same weights;
 - the export of a ZeRO-2 checkpoint holds DeepSpeed's own reading of it;
 - the step-2 checkpoint resumes at ONE rank through DeepSpeed's universal checkpoint conversion
-  (zero_kit/train/universal.py), its losses continuing the two-rank run's within LOSS_RTOL. The micro batch keeps
+  (zero_kit/checkpoints/universal.py), its losses continuing the two-rank run's within LOSS_RTOL. The micro batch keeps
   the global batch at 8 (2 ranks x 2 x 2 accumulation -> 1 x 4 x 2), so the resumed steps see the same examples.
   Before the fix the conversion failed: `Required universal_checkpoint_info state is missing in checkpoint`
   (DeepSpeed's tool wants --inject_missing_state for checkpoints not written by Megatron-DeepSpeed; DeepSpeed issues

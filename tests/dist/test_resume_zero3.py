@@ -23,7 +23,7 @@ from tests.support.runs import (
     resumed_from,
     run_info,
 )
-from zero_kit.train.options import EXIT_PREEMPTED
+from zero_kit.errors import EXIT_PREEMPTED
 from zero_kit.train.startup import STAGES, STARTUP_FILE
 
 pytestmark = pytest.mark.dist

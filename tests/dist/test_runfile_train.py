@@ -10,8 +10,8 @@ from tests.support.jobs import env, zero_kit
 from zero_kit.cli import _with_run_file, build_parser
 from zero_kit.options import dataclass_from_args
 from zero_kit.train.options import TrainOptions
-from zero_kit.train.plots import LOSS_PNG
-from zero_kit.train.runfile import EFFECTIVE
+from zero_kit.train.callbacks import LOSS_PNG
+from zero_kit.train.options import EFFECTIVE
 
 pytestmark = pytest.mark.dist
 

@@ -71,7 +71,7 @@ def test_no_secret_in_what_train_export_and_bench_leave(tmp_path, umask_zero):
 def _hostfile_env_file(tmp_path: Path) -> Path:
     """The files `zero-kit train --hostfile` writes before its launcher starts, written as it writes them."""
     from zero_kit.train.options import TrainOptions
-    from zero_kit.train.relaunch import relaunch_plan
+    from zero_kit.train.parent import relaunch_plan
 
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node1 slots=2\nnode2 slots=2\n")

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.jobs import FAST, run, zero_kit
 from tests.support.mistakes import FAST_ERROR_S, answer, assert_refused, snapshot
-from zero_kit.train import checkpoint
+from zero_kit.checkpoints import store
 
 
 def _foreign_checkpoint(output: Path) -> Path:
@@ -54,9 +54,9 @@ def test_case1_a_successful_run_leaves_a_foreign_checkpoint_alone_and_says_so_on
     assert snapshot(output / "checkpoint-500") == trained["foreign_before"]
     assert trained["stderr"].count("checkpoint-500") == 1, trained["stderr"][-3000:]
     assert "not written by zero-kit" in trained["stderr"]
-    assert [p.name for p in checkpoint.list_checkpoints(output)] == ["checkpoint-1", "checkpoint-2", "checkpoint-500"]
-    assert checkpoint.newest_complete(output) == output / "checkpoint-2"
-    assert not any(output.rglob(checkpoint.PARTIAL_MARK)), "the in-progress mark outlived a complete save"
+    assert [p.name for p in store.list_checkpoints(output)] == ["checkpoint-1", "checkpoint-2", "checkpoint-500"]
+    assert store.newest_complete(output) == output / "checkpoint-2"
+    assert not any(output.rglob(store.PARTIAL_MARK)), "the in-progress mark outlived a complete save"
 
 
 def test_case1_a_data_mistake_deletes_nothing(tmp_path):

@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.jobs import FAST, env, kill_group, start, survivors, wait_for, zero_kit
 from tests.support.runs import logged_steps, pointer, resumed_from
-from zero_kit.train.options import EXIT_PREEMPTED
+from zero_kit.errors import EXIT_PREEMPTED
 
 pytestmark = [pytest.mark.dist, pytest.mark.serial]  # signals and bounded stop times: never beside another test
 STOP_S = 60  # from the signal to the command's exit: one step, one small save, the launcher's 1 s poll

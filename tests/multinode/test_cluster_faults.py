@@ -41,7 +41,7 @@ from benchmarks.rigs.slurm import job_id as slurm_job_id
 from tests.support.jobs import VENV, Job, wait_for, zero_kit
 from tests.support.rigs import rig_marks
 from tests.support.runs import RESUMING, checkpoint_step, logged_steps, pointer, resumed_from
-from zero_kit.train.options import EXIT_PREEMPTED
+from zero_kit.errors import EXIT_PREEMPTED
 from zero_kit.watchdog import EXIT_STALLED, KILL_GRACE_S, POLL_S
 
 pytestmark = [*rig_marks(), pytest.mark.serial]  # faults timed against stated bounds: never beside another test

@@ -34,8 +34,8 @@ from tests.support.jobs import FAULTS_SITE, VENV, pythonpath_with, run, start, w
 from tests.support.jobs import env as job_env
 from tests.support.rigs import rig_marks
 from tests.support.runs import assert_trained, logged_steps
+from zero_kit.checkpoints import claim
 from zero_kit.launch.hostfile import rank_env
-from zero_kit.train import claim
 
 pytestmark = rig_marks()
 STEPS = 3

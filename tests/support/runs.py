@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from zero_kit.train import checkpoint
+from zero_kit.checkpoints import store
 
 RESUMING = "zero-kit train: resuming from "
 
@@ -32,18 +32,18 @@ def logged_steps(out: Path) -> list[int]:
 
 
 def run_info(out: Path) -> dict:
-    return json.loads((out / checkpoint.RUN_INFO).read_text())
+    return json.loads((out / store.RUN_INFO).read_text())
 
 
 def pointer(out: Path) -> str | None:
     """The name the `latest_complete` pointer gives (None before the first complete checkpoint)."""
-    path = out / checkpoint.POINTER
+    path = out / store.POINTER
     return path.read_text().strip() if path.is_file() else None
 
 
 def checkpoint_step(out: Path) -> int:
     """The step of the checkpoint the pointer names (what `--resume auto` takes)."""
-    return checkpoint.checkpoint_step(Path(pointer(out)))
+    return store.checkpoint_step(Path(pointer(out)))
 
 
 def resumed_from(text: str) -> int | None:
@@ -53,7 +53,7 @@ def resumed_from(text: str) -> int | None:
     if not lines:
         assert "zero-kit train: starting fresh" in text, text[-3000:]
         return None
-    return checkpoint.checkpoint_step(Path(lines[-1].split()[0]))
+    return store.checkpoint_step(Path(lines[-1].split()[0]))
 
 
 def files_in(directory: Path) -> list[str]:

@@ -121,7 +121,7 @@ def test_train_input_checks_pass_every_readable_kind_of_data(tmp_path):
 
     import pandas
 
-    from zero_kit.train.inputs import check_inputs
+    from zero_kit.train.guards.inputs import check_inputs
     from zero_kit.train.options import TrainOptions
 
     rows = [{"instruction": f"q{i}", "input": "", "output": f"a{i}"} for i in range(3)]

@@ -87,7 +87,7 @@ def test_zero3_on_cpu_ranks_keeps_no_parameter_whole():
     each optimizer step, which cost the 3.1M bench model 11-19 ms a step there (benchmarks/comm_buckets). GPUs and
     the HF Trainer's "auto" keep 10 h; zero-kit train on CPU writes the 0 too."""
     from zero_kit.train.options import TrainOptions
-    from zero_kit.train.trainer_config import trainer_ds_config
+    from zero_kit.train.plan import trainer_ds_config
 
     assert bucket_sizes(64, "cpu")["stage3_param_persistence_threshold"] == 0
     assert bucket_sizes(64, "cuda")["stage3_param_persistence_threshold"] == 640
@@ -269,7 +269,7 @@ def test_bench_zero_override_is_parsed_and_a_misspelt_key_refused():
 
 def test_zero_kit_train_writes_the_measured_buckets_no_larger_than_what_it_trains():
     from zero_kit.train.options import TrainOptions
-    from zero_kit.train.trainer_config import trainer_ds_config
+    from zero_kit.train.plan import trainer_ds_config
 
     full = trainer_ds_config(TrainOptions(stage=2), device="cpu", hidden_size=192, trainable=3_000_000)
     assert full["zero_optimization"]["reduce_bucket_size"] == 25 * 192**2

@@ -15,8 +15,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from zero_kit.train import export_write
-from zero_kit.train.export_read import FileTensor, read_zero_checkpoint
+from zero_kit.export import writer
+from zero_kit.export.reader import FileTensor, read_zero_checkpoint
 
 
 def _zero_checkpoint(root: Path, weights: dict, world: int, stage: int) -> Path:
@@ -79,7 +79,7 @@ def test_write_shard_is_what_safetensors_reads(tmp_path):
     tensors = {"w": torch.randn(3, 4), "half": torch.randn(6).bfloat16(), "f16": torch.randn(2, 2).half(),
                "steps": torch.arange(5), "mask": torch.tensor([True, False, True]), "scalar": torch.tensor(2.5)}  # fmt: skip
     path = tmp_path / "model.safetensors"
-    export_write.write_shard(path, _entries(tensors), lambda name, t, dtype: t.to(dtype))
+    writer.write_shard(path, _entries(tensors), lambda name, t, dtype: t.to(dtype))
     back = load_file(str(path))
     assert list(back) == list(tensors)
     for name, tensor in tensors.items():
@@ -95,10 +95,10 @@ def test_fp32_parameters_go_file_to_file(tmp_path, monkeypatch, in_kernel):
     weights = _weights(1)
     ckpt = _zero_checkpoint(tmp_path, weights, 2, 3)
     lazy = read_zero_checkpoint(ckpt)
-    monkeypatch.setattr(export_write, "_copy_file_range_works", in_kernel)
+    monkeypatch.setattr(writer, "_copy_file_range_works", in_kernel)
     monkeypatch.setattr(FileTensor, "contiguous", lambda self: pytest.fail("an fp32 parameter was materialized"))
     path = tmp_path / "model.safetensors"
-    export_write.write_shard(path, [(name, t, torch.float32) for name, t in lazy.items()], None)
+    writer.write_shard(path, [(name, t, torch.float32) for name, t in lazy.items()], None)
     back = load_file(str(path))
     assert all(torch.equal(back[name], tensor) for name, tensor in weights.items())
 
@@ -106,7 +106,7 @@ def test_fp32_parameters_go_file_to_file(tmp_path, monkeypatch, in_kernel):
 def test_converting_export_holds_one_tensor_at_a_time(tmp_path, monkeypatch):
     """--dtype bf16 over several output shards: at any moment at most one parameter is materialized (its fp32 value
     and its bf16 copy), whatever the model or shard size; counted on the live tensors themselves."""
-    from zero_kit.train import export
+    from zero_kit.export import to_hf
 
     weights = _weights(2)
     live, peak = [0], [0]
@@ -120,12 +120,12 @@ def test_converting_export_holds_one_tensor_at_a_time(tmp_path, monkeypatch):
 
     original = FileTensor.contiguous
     monkeypatch.setattr(FileTensor, "contiguous", lambda self: tracked(original(self)))
-    convert = export._convert
-    monkeypatch.setattr(export, "_convert", lambda *args: tracked(convert(*args)))
+    convert = to_hf._convert
+    monkeypatch.setattr(to_hf, "_convert", lambda *args: tracked(convert(*args)))
     lazy = read_zero_checkpoint(_zero_checkpoint(tmp_path, weights, 2, 3))
-    plan = export._plan_shards(list(lazy.items()), None, "bf16", max_bytes=100)
+    plan = to_hf._plan_shards(list(lazy.items()), None, "bf16", max_bytes=100)
     assert len(plan) >= 3  # several output shards
-    export._write_shards(plan, tmp_path, "model", None)
+    to_hf._write_shards(plan, tmp_path, "model", None)
     largest = max(t.numel() for t in weights.values())
     assert 0 < peak[0] <= largest * (4 + 2), (peak[0], largest)
     back = {}
@@ -143,4 +143,4 @@ def test_a_cut_shard_is_said_plainly(tmp_path):
     end = lazy["embed.weight"].segments[-1].offset + 8  # rank 1's part of the first parameter, cut after 2 floats
     optim.write_bytes(optim.read_bytes()[:end])
     with pytest.raises(UserError, match="rank_1_mp_rank_00_optim_states.pt"):
-        export_write.write_shard(tmp_path / "m.safetensors", [(n, t, torch.float32) for n, t in lazy.items()], None)
+        writer.write_shard(tmp_path / "m.safetensors", [(n, t, torch.float32) for n, t in lazy.items()], None)

@@ -18,7 +18,7 @@ import pytest
 
 from zero_kit.errors import UserError
 from zero_kit.metrics import GIB
-from zero_kit.train import fit, oom
+from zero_kit.train.guards import fit, oom
 from zero_kit.train.options import TrainOptions
 
 REFUSED_WITHIN_S = 5.0
@@ -84,9 +84,16 @@ def test_llama3_scaling_counts_the_stretched_context():
     assert fit.positions({"max_position_embeddings": 4096, "rope_scaling": None}) == (4096, None, "")
 
 
+def _plan(opts: TrainOptions):
+    """The run of `opts` planned on this CPU host, as `zero-kit train` plans it before any launch."""
+    from zero_kit.train.plan import Host, plan_run
+
+    return plan_run(opts, {}, Host(on_gpu=False, bf16_supported=False))
+
+
 def _need(opts: TrainOptions) -> int:
     """The planned peak of `opts` on this host, all its ranks."""
-    return fit.rank_peak(fit.cpu_view(opts, {}), on_gpu=False) * opts.nproc
+    return fit.rank_peak(fit.cpu_view(_plan(opts)), on_gpu=False) * opts.nproc
 
 
 def test_a_shortfall_of_host_ram_is_refused_with_a_fix_that_passes(tmp_path, monkeypatch):
@@ -103,7 +110,7 @@ def test_a_shortfall_of_host_ram_is_refused_with_a_fix_that_passes(tmp_path, mon
     # the suggested flags, through the same check (a dry one: nothing is launched)
     monkeypatch.setenv(fit.HOST_MEM_ENV, limit)
     opts = _with_flags(TrainOptions(nproc=2, micro_batch=8, max_length=512), fix.split())
-    assert fit.before_launch(opts, {}, speak=False).startswith("planned peak")
+    assert fit.before_launch(_plan(opts), speak=False).startswith("planned peak")
 
 
 def _with_flags(opts: TrainOptions, words: list[str]) -> TrainOptions:
@@ -130,26 +137,26 @@ def test_a_real_address_space_cap_is_refused(tmp_path):
 
 def test_no_memory_check_goes_on(monkeypatch):
     monkeypatch.setenv(fit.HOST_MEM_ENV, str(GIB))
-    assert fit.before_launch(TrainOptions(memory_check=False), {}, speak=False) is None
+    assert fit.before_launch(_plan(TrainOptions(memory_check=False)), speak=False) is None
     with pytest.raises(UserError, match="--no-memory-check to run anyway"):
-        fit.before_launch(TrainOptions(), {}, speak=False)
+        fit.before_launch(_plan(TrainOptions()), speak=False)
 
 
 def test_the_test_suites_runs_fit_this_host():
     """Up to four ranks of the embedded model: the check must never refuse the suite's own runs on a 24 GiB host."""
-    view = fit.cpu_view(TrainOptions(nproc=4), {})
+    view = fit.cpu_view(_plan(TrainOptions(nproc=4)))
     assert fit.rank_peak(view, on_gpu=False) * 4 < 10 * GIB
 
 
 def test_within_ten_percent_is_a_warning():
-    view = fit.cpu_view(TrainOptions(), {})
+    view = fit.cpu_view(_plan(TrainOptions()))
     need = fit.rank_peak(view, on_gpu=False)
     assert "may not fit" in fit.judge(view, TrainOptions(), False, int(need / 0.95), "host RAM")
     assert fit.judge(view, TrainOptions(), False, need * 2, "host RAM") is None
 
 
 def test_a_gpu_shortfall_suggests_sharding_or_offload():
-    view = replace(fit.cpu_view(TrainOptions(nproc=2, micro_batch=1), {}), offload="none")
+    view = replace(fit.cpu_view(_plan(TrainOptions(nproc=2, micro_batch=1))), offload="none")
     need = fit.rank_peak(view, on_gpu=True)
     with pytest.raises(UserError) as refused:
         fit.judge(view, TrainOptions(nproc=2, micro_batch=1), True, int(need * 0.97), "free on cuda:0")

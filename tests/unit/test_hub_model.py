@@ -14,7 +14,7 @@ from tests.support.hub_cache import COMMIT, cache_model_dir
 from zero_kit.cli import main
 from zero_kit.errors import UserError
 from zero_kit.model import build_config, load_model, load_tokenizer, resolve_model, tiny_llama_config
-from zero_kit.train.inputs import check_inputs
+from zero_kit.train.guards.inputs import check_inputs
 from zero_kit.train.options import TrainOptions
 
 REPO = "tiny-org/tiny-llama"

@@ -149,7 +149,7 @@ def test_bf16_optimizer_states_alone_is_refused_by_deepspeed_parse_and_named_her
 
 def test_cpu_train_refuses_a_ds_config_with_qwz_before_any_work(tmp_path):
     from zero_kit.train.options import TrainOptions
-    from zero_kit.train.trainer_config import trainer_ds_config
+    from zero_kit.train.plan import trainer_ds_config
 
     hf = {**BASE, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
     hf["zero_optimization"] = {"stage": 3, "zero_quantized_weights": True}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from zero_kit.train.plots import LOSS_PNG, loss_points, write_loss_plot
+from zero_kit.train.callbacks import LOSS_PNG, loss_points, write_loss_plot
 from zero_kit.train.stopping import LOG_FILE
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -18,10 +18,9 @@ import time
 
 import pytest
 
-from zero_kit.errors import UserError
-from zero_kit.train import checkpoint, claim
-from zero_kit.train.export_checks import live_run_checkpoint
-from zero_kit.train.options import EXIT_PREEMPTED
+from zero_kit.checkpoints import claim, store
+from zero_kit.errors import EXIT_PREEMPTED, UserError
+from zero_kit.export.checks import live_run_checkpoint
 
 
 def _me(**changes) -> claim.Holder:
@@ -75,7 +74,7 @@ def test_the_refusal_names_the_slurm_job_and_scancel(tmp_path):
 _HOLDER = """
 import sys, time
 from pathlib import Path
-from zero_kit.train import claim
+from zero_kit.checkpoints import claim
 held = claim.take(Path(sys.argv[1]), claim.me({}))
 print("held", flush=True)
 time.sleep(600)
@@ -205,12 +204,12 @@ def _complete_checkpoint(output, step: int) -> None:
     ckpt = output / f"checkpoint-{step}"
     ckpt.mkdir(parents=True)
     (ckpt / "weights.bin").write_bytes(b"w")
-    checkpoint.write_manifest(ckpt, step=step, world_size=1)
+    store.write_manifest(ckpt, step=step, world_size=1)
 
 
 def test_export_of_a_live_runs_output_takes_its_newest_complete_checkpoint(tmp_path):
     _complete_checkpoint(tmp_path, 5)
-    checkpoint.mark_partial(tmp_path / "checkpoint-10")  # being written now
+    store.mark_partial(tmp_path / "checkpoint-10")  # being written now
     assert live_run_checkpoint(tmp_path) is None  # no run holds it: export's own checks say what to do
     held = claim.take(tmp_path, _me())
     try:

@@ -1,4 +1,4 @@
-"""zero_kit.train.preflight: each resource problem is one UserError naming the path or option, the numbers and the fix.
+"""zero_kit.train.guards.preflight: each resource problem is one UserError naming the path or option, the numbers and the fix.
 
 Tests run as root in CI, so "not writable" is made with things root cannot get past either: a file where a
 directory should be, and a directory under a file; "disk full" and "little RAM" patch what the OS reports.
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from zero_kit.errors import UserError
-from zero_kit.train import preflight
+from zero_kit.train.guards import preflight
 from zero_kit.train.options import TrainOptions
-from zero_kit.train.run import Machine, model_shape, nvme_dirs, planner_view, workload_of
+from zero_kit.train.plan import model_shape, nvme_dirs, planner_view, workload_of
 
 Usage = namedtuple("Usage", "total used free")
 VMem = namedtuple("VMem", "total available")
@@ -29,8 +29,7 @@ def _options(tmp_path: Path, **changes) -> TrainOptions:
 def _check(opts: TrainOptions, ds_config: dict | None = None, *, local_ranks: int = 2) -> None:
     """Preflight of a run of `opts` on one node of `local_ranks` CPU ranks whose DeepSpeed dict is `ds_config`."""
     config = ds_config or {"zero_optimization": {"stage": 3}}
-    machine = Machine("cpu", "gloo", rank=0, world_size=local_ranks, local_size=local_ranks, bf16_supported=False)
-    view = planner_view(config, workload_of(opts, "fp32"), machine)
+    view = planner_view(config, workload_of(opts, "fp32"), local_ranks, 1)
     preflight.run_preflight(Path(opts.output), view, nvme_dirs(config, from_file=opts.ds_config is not None))
 
 
@@ -186,8 +185,7 @@ def test_host_ram_estimate_uses_the_planners_assumptions(tmp_path, monkeypatch):
     config = {
         "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
     }
-    machine = Machine("cpu", "gloo", rank=0, world_size=2, local_size=2, bf16_supported=False)
-    view = planner_view(config, workload_of(_options(tmp_path), "fp32"), machine)
+    view = planner_view(config, workload_of(_options(tmp_path), "fp32"), 2, 1)
     assert view.assume == Assumptions()
     with pytest.raises(UserError, match=r"baseline per rank 4.00 GiB \(2 x 2 GiB\)"):
         preflight.run_preflight(tmp_path / "out", view)

@@ -10,8 +10,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from zero_kit.checkpoints import store
 from zero_kit.launch import SlurmJob, sbatch_script
-from zero_kit.train import checkpoint
 from zero_kit.train.options import TrainOptions
 from zero_kit.train.resume import JOB_ID_KEY, continue_requeued_job, resume_target
 
@@ -61,8 +61,8 @@ def _complete_checkpoint(output: Path, step: int, job_id: str | None) -> Path:
     ckpt = output / f"checkpoint-{step}"
     ckpt.mkdir(parents=True)
     (ckpt / "weights.bin").write_bytes(b"w" * 16)
-    (ckpt / checkpoint.RUN_INFO).write_text(json.dumps({"options": {}, JOB_ID_KEY: job_id}))
-    checkpoint.write_manifest(ckpt, step=step, world_size=2)
+    (ckpt / store.RUN_INFO).write_text(json.dumps({"options": {}, JOB_ID_KEY: job_id}))
+    store.write_manifest(ckpt, step=step, world_size=2)
     return ckpt
 
 
@@ -94,5 +94,5 @@ def test_a_first_run_or_another_jobs_checkpoint_keeps_resume_as_given(tmp_path, 
     assert capsys.readouterr().err == ""
     assert continue_requeued_job(never, _requeued(SLURM_RESTART_COUNT="1"), True) is never
     assert "restart 1 of job 7; --resume never as given" in capsys.readouterr().err
-    os.remove(out / "checkpoint-6" / checkpoint.MANIFEST)  # a cut-short save is no checkpoint of the job either
+    os.remove(out / "checkpoint-6" / store.MANIFEST)  # a cut-short save is no checkpoint of the job either
     assert continue_requeued_job(never, _requeued(SLURM_RESTART_COUNT="1"), False) is never

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from zero_kit.train import checkpoint
+from zero_kit.checkpoints import store
 from zero_kit.train.options import TrainOptions
-from zero_kit.train.resumed import announce_changes, apply_resumed_schedule, change_line, changes
+from zero_kit.train.resume import announce_changes, apply_resumed_schedule, change_line, changes
 
 RECORDED = TrainOptions(max_steps=10, save_steps=5)  # the default cosine schedule, lr 1e-3 (embedded model)
 
@@ -63,7 +63,7 @@ def test_other_data_is_named_by_its_prepared_entry():
 def test_the_line_is_said_once_and_only_when_something_differs(tmp_path, capsys):
     ckpt = tmp_path / "checkpoint-10"
     ckpt.mkdir()
-    (ckpt / checkpoint.RUN_INFO).write_text(json.dumps(_info(RECORDED)))
+    (ckpt / store.RUN_INFO).write_text(json.dumps(_info(RECORDED)))
     assert announce_changes(RECORDED, ckpt, "/cache/abc") == [] and capsys.readouterr().err == ""
     announce_changes(replace(RECORDED, lr=5e-4), ckpt, "/cache/abc")
     assert capsys.readouterr().err.count("--lr 0.001 -> 0.0005") == 1

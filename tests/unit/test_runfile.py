@@ -11,8 +11,7 @@ from tests.support.mistakes import answer, assert_refused
 from zero_kit.cli import _with_run_file, build_parser
 from zero_kit.errors import UserError
 from zero_kit.options import dataclass_from_args
-from zero_kit.train.options import TrainOptions
-from zero_kit.train.runfile import read_run_file, run_file_text
+from zero_kit.train.options import TrainOptions, read_run_file, run_file_text
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

@@ -209,14 +209,14 @@ def _planted_pickle(path: Path, marker: Path) -> None:
 
 def _fake_checkpoint(root: Path, marker: Path, model: str | None) -> Path:
     """A checkpoint-1 that passes the manifest check, whose ZeRO shards are planted pickles."""
-    from zero_kit.train import checkpoint
+    from zero_kit.checkpoints import store
 
     ckpt = root / "run" / "checkpoint-1"
     _planted_pickle(ckpt / "global_step1" / "mp_rank_00_model_states.pt", marker)
     _planted_pickle(ckpt / "global_step1" / "zero_pp_rank_0_mp_rank_00_optim_states.pt", marker)
     (ckpt / "latest").write_text("global_step1")
-    (ckpt / checkpoint.RUN_INFO).write_text(json.dumps({"options": {"model": model}}))
-    checkpoint.write_manifest(ckpt, step=1, world_size=1)
+    (ckpt / store.RUN_INFO).write_text(json.dumps({"options": {"model": model}}))
+    store.write_manifest(ckpt, step=1, world_size=1)
     return ckpt
 
 

@@ -15,7 +15,7 @@ import pytest
 from zero_kit.dist import THREADS_ENV, rank_threads, set_rank_threads
 from zero_kit.errors import UserError
 from zero_kit.launch import Launcher, from_hostfile, launch_commands, local
-from zero_kit.train.inputs import check_inputs
+from zero_kit.train.guards.inputs import check_inputs
 from zero_kit.train.options import TrainOptions
 from zero_kit.train.startup import STAGES, STARTUP_FILE, StartupClock, milestones
 
@@ -216,18 +216,10 @@ def test_zero12_cpu_ranks_put_tensors_in_huge_pages_as_torch_and_the_kernel_do()
         assert ours[1] == 0
 
 
-def test_the_runs_zero_stage_and_size_are_read_before_torch(tmp_path):
+def test_the_models_size_is_read_before_torch(tmp_path):
     from zero_kit.model import tiny_llama_config
     from zero_kit.plan.shapes import local_model_params
-    from zero_kit.train.startup import zero_stage
 
-    assert zero_stage(TrainOptions()) == 2 and zero_stage(TrainOptions(stage=1)) == 1
-    ds = tmp_path / "ds.json"
-    for text, stage in (('{"zero_optimization": {"stage": 3}}', 3), ("{}", None), ('{"zero_optimization": {}}', 0),
-                        ('{"zero_optimization": {"stage": "auto"}}', None), ("not json", None)):  # fmt: skip
-        ds.write_text(text)
-        assert zero_stage(TrainOptions(ds_config=str(ds))) == stage, text
-    assert zero_stage(TrainOptions(ds_config=str(tmp_path / "missing.json"))) is None
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(tiny_llama_config().to_dict()))
     assert local_model_params(str(tmp_path / "m")) == 3_148_224  # the bench's default model, read without torch

@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
+from zero_kit.checkpoints import store
 from zero_kit.errors import UserError
 from zero_kit.hf import deepspeed_config
 from zero_kit.lint import read_config
-from zero_kit.train import checkpoint
 
 TWICE = """{
   "train_micro_batch_size_per_gpu": "auto",
@@ -86,8 +86,8 @@ def test_export_refuses_a_run_record_with_a_key_given_twice(tmp_path):
     ckpt = tmp_path / "checkpoint-1"
     ckpt.mkdir()
     (ckpt / "weights.bin").write_bytes(b"0" * 8)
-    (ckpt / checkpoint.RUN_INFO).write_text('{"world_size": 1, "zero_stage": 3, "zero_stage": 2, "options": {}}')
-    checkpoint.write_manifest(ckpt, step=1, world_size=1)
+    (ckpt / store.RUN_INFO).write_text('{"world_size": 1, "zero_stage": 3, "zero_stage": 2, "options": {}}')
+    store.write_manifest(ckpt, step=1, world_size=1)
     done = _cli("export", str(ckpt), "--out", str(tmp_path / "hf"))
     assert done.returncode == 2, done.stdout + done.stderr
     assert "zero_stage" in done.stderr and "first 3, then 2" in done.stderr, done.stderr

@@ -11,12 +11,12 @@ import sys
 import pytest
 from transformers import TrainerControl, TrainerState
 
+from zero_kit.checkpoints import store
 from zero_kit.data.dataset import IGNORE_INDEX, held_out, tokenize_split
 from zero_kit.errors import UserError
 from zero_kit.model import load_tokenizer
-from zero_kit.train import checkpoint
 from zero_kit.train.callbacks import EvalScheduleCallback, PerplexityCallback
-from zero_kit.train.inputs import check_inputs
+from zero_kit.train.guards.inputs import check_inputs
 from zero_kit.train.options import TrainOptions, check_options
 
 
@@ -113,19 +113,19 @@ def test_eval_schedule_last_step_every_save_with_keep_best_not_on_a_stop():
 
 def _complete(out, step: int, eval_loss: float | None) -> None:
     ckpt = out / f"checkpoint-{step}"
-    checkpoint.mark_partial(ckpt)
+    store.mark_partial(ckpt)
     (ckpt / "weights.bin").write_bytes(b"x" * step)
-    checkpoint.write_manifest(ckpt, step=step, world_size=1, eval_loss=eval_loss)
+    store.write_manifest(ckpt, step=step, world_size=1, eval_loss=eval_loss)
 
 
 def test_keep_best_keeps_the_lowest_eval_loss_out_of_rotation(tmp_path):
     for step, loss in ((1, 3.0), (2, 1.5), (3, 2.0), (4, None)):
         _complete(tmp_path, step, loss)
-    assert checkpoint.best_complete(tmp_path).name == "checkpoint-2"
-    removed = checkpoint.rotate(tmp_path, 1, keep_best=True)
+    assert store.best_complete(tmp_path).name == "checkpoint-2"
+    removed = store.rotate(tmp_path, 1, keep_best=True)
     assert [p.name for p in removed] == ["checkpoint-1", "checkpoint-3"]
-    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-4"]
-    assert [p.name for p in checkpoint.rotate(tmp_path, 1)] == ["checkpoint-2"]  # without it: newest only
+    assert [p.name for p in store.list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-4"]
+    assert [p.name for p in store.rotate(tmp_path, 1)] == ["checkpoint-2"]  # without it: newest only
 
 
 def test_trackers_see_perplexity_and_tokens_per_second(tmp_path):

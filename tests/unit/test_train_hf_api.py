@@ -10,7 +10,7 @@ import pytest
 from zero_kit.errors import UserError
 from zero_kit.hf import ThroughputCallback, deepspeed_config
 from zero_kit.train.options import TrainOptions
-from zero_kit.train.run import adopt_file_values
+from zero_kit.train.plan import adopt_file_values
 
 
 def test_deepspeed_config_from_cli_options_leaves_batch_to_the_trainer():

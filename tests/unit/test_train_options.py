@@ -11,9 +11,9 @@ from zero_kit.commands import train as train_command
 from zero_kit.dist import single_process_env, slurm_to_torch_env, under_launcher
 from zero_kit.errors import UserError
 from zero_kit.options import dataclass_from_args, options_to_argv
-from zero_kit.train.inputs import check_inputs
+from zero_kit.train.guards.inputs import check_inputs
 from zero_kit.train.options import TrainOptions, check_options, default_lr, zero_spec
-from zero_kit.train.relaunch import relaunch_command
+from zero_kit.train.parent import relaunch_command
 
 
 def _parse(argv: list[str]) -> TrainOptions:

@@ -1,6 +1,6 @@
-"""zero_kit.train.run: a `zero-kit train` run resolved once, without a process group: device and backend from
-zero_kit.dist, precision from the flags or a --ds-config file, batch and learning rate, the planner's view, and
-every refusal as a UserError naming the flag or key."""
+"""zero_kit.train.plan: a `zero-kit train` run resolved once, torch-free, by the process that starts it: sizes
+from the launcher, the hostfile or --nproc, precision from the flags or a --ds-config file, batch and learning rate,
+the planner's view, every refusal as a UserError naming the flag or key; and the plan's trip to the ranks."""
 
 from __future__ import annotations
 
@@ -9,16 +9,19 @@ import json
 
 import pytest
 
-from zero_kit import dist
 from zero_kit.errors import UserError
 from zero_kit.hf import deepspeed_config
 from zero_kit.plan.assumptions import Assumptions
 from zero_kit.train.options import TrainOptions
-from zero_kit.train.run import Machine, ResolvedRun, detect_machine, resolve_run
+from zero_kit.train.plan import PLAN_ENV, Host, RunPlan, launch_sizes, plan_run
 
-CPU = Machine("cpu", "gloo", rank=0, world_size=1, local_size=1, bf16_supported=False)
-GPU_BF16 = dataclasses.replace(CPU, device="cuda:0", backend="nccl", bf16_supported=True)
-GPU_FP16 = dataclasses.replace(GPU_BF16, bf16_supported=False)
+CPU = Host(on_gpu=False, bf16_supported=False)
+GPU_BF16 = Host(on_gpu=True, bf16_supported=True)
+GPU_FP16 = Host(on_gpu=True, bf16_supported=False)
+
+
+def resolve_run(opts: TrainOptions, host: Host = CPU, environ: dict[str, str] | None = None) -> RunPlan:
+    return plan_run(opts, environ or {}, host)
 
 
 def _file(tmp_path, name: str = "ds.json", **changes) -> str:
@@ -29,24 +32,52 @@ def _file(tmp_path, name: str = "ds.json", **changes) -> str:
     return str(path)
 
 
-def test_device_and_backend_come_from_dist_and_sizes_from_the_launcher(monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    monkeypatch.setenv("RANK", "3")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    machine = detect_machine()
-    assert (machine.device, machine.backend) == dist.device_and_backend()
-    assert (machine.rank, machine.world_size, machine.local_size, machine.nodes) == (3, 4, 2, 2)
+def test_sizes_from_the_launcher_the_hostfile_or_nproc(tmp_path):
+    assert launch_sizes(TrainOptions(), {"WORLD_SIZE": "4", "RANK": "3", "LOCAL_WORLD_SIZE": "2"}) == (4, 2, 2)
+    assert launch_sizes(TrainOptions(), {"WORLD_SIZE": "4", "LOCAL_SIZE": "4"}) == (4, 4, 1)
+    assert launch_sizes(TrainOptions(), {"SLURM_NTASKS": "6"}) == (6, 6, 1)  # srun without a per-node count
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a slots=4\nb slots=4\n")
+    assert launch_sizes(TrainOptions(hostfile=str(hostfile), nproc=2), {}) == (4, 2, 2)
+    assert launch_sizes(TrainOptions(hostfile=str(hostfile)), {}) == (8, 4, 2)
+    assert launch_sizes(TrainOptions(nproc=3), {}) == (3, 3, 1)
+    assert launch_sizes(TrainOptions(nproc=3), {"WORLD_SIZE": "6"}) == (6, 6, 1)  # a launcher's world wins
+    assert launch_sizes(TrainOptions(), {}) == (1, 1, 1)
 
 
-def test_a_bad_launcher_world_size_is_a_user_error(monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "two")
+def test_a_bad_launcher_world_size_is_a_user_error():
     with pytest.raises(UserError, match="WORLD_SIZE='two'"):
-        detect_machine()
+        resolve_run(TrainOptions(), environ={"WORLD_SIZE": "two"})
+
+
+def test_the_plan_travels_to_the_ranks_whole(tmp_path):
+    """What a rank of a relaunch reads back is the starting process's plan, field for field."""
+    plan = resolve_run(TrainOptions(stage=3, nproc=2, output=str(tmp_path), lora_r=8), CPU)
+    back = RunPlan.from_env(plan.to_env())
+    assert back == plan and back.options == plan.options
+    assert RunPlan.from_env({}) is None
+
+
+def test_a_rank_runs_the_plan_it_was_given_not_its_environment(tmp_path, monkeypatch):
+    """A relaunched rank whose own environment would resolve another run (another world, stage and --ds-config
+    file) still runs its parent's plan: the rank derives none of it again."""
+    from zero_kit.train import rank
+
+    plan = resolve_run(TrainOptions(stage=3, nproc=2, output=str(tmp_path)), CPU)
+    seen = {}
+    monkeypatch.setattr(rank, "run_rank", lambda given, prepared, clock, led: seen.update(plan=given, led=led) or 7)
+    monkeypatch.setattr(rank.rundata, "prepare", lambda opts, speak: None)
+    environ = {**plan.to_env(), "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}
+    assert rank.run_planned(environ) == 7
+    assert seen["led"] is True and seen["plan"] == plan
+    assert (seen["plan"].world_size, seen["plan"].dp_size, seen["plan"].zero_stage) == (2, 2, 3)
+    assert rank.run_planned({"WORLD_SIZE": "8"}) is None  # no plan: this process starts the job itself
+    assert PLAN_ENV in plan.to_env()
 
 
 def test_the_run_is_frozen_and_holds_the_generated_dict():
     run = resolve_run(TrainOptions(stage=3), CPU)
-    assert isinstance(run, ResolvedRun) and not run.from_file
+    assert isinstance(run, RunPlan) and not run.from_file
     assert run.zero_stage == run.ds_config["zero_optimization"]["stage"] == 3
     # on the CPU the Adam section asks for torch's AdamW (RunAdjustments.torch_adam)
     assert run.ds_config["optimizer"]["params"]["torch_adam"] is True
@@ -62,7 +93,7 @@ def test_the_run_is_frozen_and_holds_the_generated_dict():
 )
 def test_precision_from_the_flag_and_the_machine(choice, machine, expected):
     run = resolve_run(TrainOptions(precision=choice), machine)
-    assert run.precision == run.planner.workload.precision == expected
+    assert run.precision == run.planner().workload.precision == expected
 
 
 @pytest.mark.parametrize("choice", ["bf16", "fp16"])
@@ -113,20 +144,22 @@ def test_batch_and_learning_rate_from_a_ds_config_file_resolved_once(tmp_path):
 
 
 def test_world_and_planner_view():
-    machine = dataclasses.replace(CPU, rank=1, world_size=8, local_size=4)
-    run = resolve_run(TrainOptions(stage=3, offload_optimizer="cpu", offload_param="cpu", max_length=64), machine)
-    view = run.planner
+    environ = {"WORLD_SIZE": "8", "RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+    opts = TrainOptions(stage=3, offload_optimizer="cpu", offload_param="cpu", max_length=64)
+    run = resolve_run(opts, CPU, environ)
+    assert (run.world_size, run.dp_size, run.ranks_per_node, run.nodes, run.zero_stage) == (8, 8, 4, 2, 3)
+    view = run.planner()
     assert (view.strategy, view.offload, view.ranks_per_node, view.nodes) == ("zero3", "optimizer+param", 4, 2)
     assert view.workload.seq_len == 64 and view.workload.micro_batch == 4
     assert view.assume == Assumptions()  # `zero-kit train` has no --assume: the planner's defaults
-    stage2 = resolve_run(TrainOptions(stage=2, offload_optimizer="cpu"), machine).planner
+    stage2 = resolve_run(TrainOptions(stage=2, offload_optimizer="cpu"), CPU, environ).planner()
     assert (stage2.strategy, stage2.offload) == ("zero2", "optimizer")
 
 
 def test_nvme_dirs_name_where_they_were_set(tmp_path):
     nvme = str(tmp_path / "nv")
     run = resolve_run(TrainOptions(stage=3, offload_param="nvme", nvme_path=nvme), CPU)
-    assert run.nvme_dirs == (("--nvme-path", nvme),) and run.planner.offload == "none"
+    assert run.nvme_dirs == (("--nvme-path", nvme),) and run.planner().offload == "none"
     zero = {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": nvme}}
     from_file = resolve_run(TrainOptions(ds_config=_file(tmp_path, zero_optimization=zero)), CPU)
     assert from_file.nvme_dirs == (("zero_optimization.offload_param.nvme_path", nvme),)

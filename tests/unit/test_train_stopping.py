@@ -8,8 +8,8 @@ import shlex
 import signal
 from pathlib import Path
 
-from zero_kit.train import checkpoint
-from zero_kit.train.options import EXIT_PREEMPTED
+from zero_kit.checkpoints import store
+from zero_kit.errors import EXIT_PREEMPTED
 from zero_kit.train.stopping import EXIT_INTERRUPTED, LOG_FILE, continue_command, exit_code, stop_line
 
 
@@ -29,7 +29,7 @@ def _saved(out: Path, step: int) -> Path:
     ckpt = out / f"checkpoint-{step}"
     ckpt.mkdir(parents=True)
     (ckpt / "trainer_state.json").write_text("{}")
-    checkpoint.write_manifest(ckpt, step=step, world_size=2)  # also moves the pointer
+    store.write_manifest(ckpt, step=step, world_size=2)  # also moves the pointer
     return ckpt
 
 
@@ -39,7 +39,7 @@ def test_the_last_line_names_what_the_step_the_checkpoint_and_how_to_continue(tm
     line = stop_line(signal.SIGINT, tmp_path, ["train", "--output", str(tmp_path)])
     assert line == (
         f"zero-kit train: stopped by Ctrl-C (SIGINT) at step 4, exit 130; checkpoint left: {ckpt} "
-        f"({tmp_path / checkpoint.POINTER}); continue with: zero-kit train --output {tmp_path} --resume auto"
+        f"({tmp_path / store.POINTER}); continue with: zero-kit train --output {tmp_path} --resume auto"
     )
     assert stop_line(signal.SIGTERM, tmp_path, None).startswith(
         "zero-kit train: preempted (SIGTERM) at step 4, exit 75"

@@ -1,4 +1,4 @@
-"""The tokens `zero-kit train` counts (zero_kit.train.tokens) without the Trainer's gather after every micro batch:
+"""The tokens `zero-kit train` counts (zero_kit.train.callbacks) without the Trainer's gather after every micro batch:
 the same non-padding count, the sum over the ranks carried by the preemption check's one all-reduce per step, and
 log entries with the keys the Trainer's own count gave them (trackers and trainer_state.json see no difference)."""
 
@@ -11,8 +11,7 @@ from transformers import Trainer, TrainerControl, TrainerState, TrainingArgument
 
 from zero_kit.dist import any_rank_and_sum
 from zero_kit.model import load_model
-from zero_kit.train.callbacks import PreemptionCallback
-from zero_kit.train.tokens import TokenCount, counting_trainer
+from zero_kit.train.callbacks import PreemptionCallback, TokenCount, counting_trainer
 
 PAD = 2
 

@@ -1,4 +1,4 @@
-"""zero_kit.train.universal without a process group: which world size wrote a checkpoint, when a conversion is
+"""zero_kit.checkpoints.universal without a process group: which world size wrote a checkpoint, when a conversion is
 needed, and that a failed conversion is a UserError that leaves nothing half-written behind. The real
 conversion and the resume at 1 and 4 ranks run in tests/dist/test_reliability.py."""
 
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from zero_kit.checkpoints import store, universal
 from zero_kit.errors import UserError
-from zero_kit.train import checkpoint, universal
 
 
 def _checkpoint(tmp_path: Path, *, manifest_ws: int | None = None, run_ws: int | None = None, shards: int = 2) -> Path:
@@ -21,9 +21,9 @@ def _checkpoint(tmp_path: Path, *, manifest_ws: int | None = None, run_ws: int |
     for rank in range(shards):
         (ck / "global_step4" / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(b"not a real shard")
     if manifest_ws is not None:
-        (ck / checkpoint.MANIFEST).write_text(json.dumps({"step": 4, "world_size": manifest_ws, "files": {}}))
+        (ck / store.MANIFEST).write_text(json.dumps({"step": 4, "world_size": manifest_ws, "files": {}}))
     if run_ws is not None:
-        (ck / checkpoint.RUN_INFO).write_text(json.dumps({"world_size": run_ws}))
+        (ck / store.RUN_INFO).write_text(json.dumps({"world_size": run_ws}))
     return ck
 
 
@@ -58,7 +58,7 @@ def test_failed_conversion_is_a_user_error_and_leaves_no_partial_output(tmp_path
         universal.prepare_resume(ck, args)
     assert "universal checkpoint conversion failed" in err.value.message and "2 ranks" in err.value.fix
     assert not universal.universal_ready(ck)
-    assert sorted(p.name for p in ck.iterdir()) == ["global_step4", "latest", checkpoint.MANIFEST]
+    assert sorted(p.name for p in ck.iterdir()) == ["global_step4", "latest", store.MANIFEST]
     assert "load_universal" not in json.dumps(args.hf_deepspeed_config.config)
 
 

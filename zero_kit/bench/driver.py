@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import threading
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from zero_kit.bench.placement import place, rank_args
 from zero_kit.bench.user_config import check_user_config, differences, write_launch_copy
 from zero_kit.bench.worker import model_config
 from zero_kit.launch import Placement
+from zero_kit.log import warn
 
 RUN_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
@@ -93,7 +93,7 @@ def run_bench(opts: BenchOptions, progress=None) -> list[dict]:
                              config.num_key_value_heads, bool(config.tie_word_embeddings), opts.grad_accum)  # fmt: skip
     out_dir = Path(opts.out)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
-    progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    progress = progress or (lambda line: warn(line))
     if user is not None:
         write_launch_copy(user, out_dir)
         differs = differences(user.config, opts)
@@ -134,5 +134,5 @@ def _stop(signum: int, running: str, finished: list[dict], out_dir: Path):
     if finished:
         write_outputs(finished, out_dir)
         kept = f"results of the {len(finished)} finished strateg{'y' if len(finished) == 1 else 'ies'} in {out_dir}"
-    print(f"zero-kit bench: {what} during {running}, exit {128 + signum}; {kept}", file=sys.stderr, flush=True)
+    warn(f"zero-kit bench: {what} during {running}, exit {128 + signum}; {kept}")
     raise SystemExit(128 + signum)

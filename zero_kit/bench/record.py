@@ -12,7 +12,7 @@ from typing import Any
 
 from zero_kit.bench.options import BenchOptions
 from zero_kit.bench.phases import PHASES
-from zero_kit.dist import THP_ENV, THREADS_ENV, local_world_size
+from zero_kit.dist import THP_ENV, THREADS_ENV, local_size_from_env
 from zero_kit.metrics import COMM_PHASES, CommCounter
 
 
@@ -218,7 +218,7 @@ def _comm_entry(counter: CommCounter, steps: int, per_rank: list[dict], world: i
 
 def _ranks_per_node(counter: CommCounter, world: int) -> int:
     """The node of this run: the counter's (--gpus-per-node, else the launcher's ranks per node)."""
-    return min(counter.ranks_per_node or local_world_size(world), world)
+    return min(counter.ranks_per_node or local_size_from_env(dict(os.environ)) or world, world)
 
 
 def torch_device_name(device: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from zero_kit.bench.options import PROGRESS, BenchOptions
 from zero_kit.dist import set_rank_huge_pages, set_rank_threads
+from zero_kit.log import say
 from zero_kit.metrics import CommCounter
 from zero_kit.plan.shapes import local_model_params
 from zero_kit.strategies import STRATEGIES, is_user_config
@@ -193,8 +194,7 @@ def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, devic
         if heartbeat is not None:
             heartbeat.beat("train", step + 1)
         if rank == 0:
-            print(f"{PROGRESS} {strategy.name} step {step + 1}/{opts.steps} loss {losses[-1]:.6f} {elapsed:.3f}s",
-                  flush=True)  # fmt: skip
+            say(f"{PROGRESS} {strategy.name} step {step + 1}/{opts.steps} loss {losses[-1]:.6f} {elapsed:.3f}s")  # fmt: skip
     params, optimizer = strategy.param_and_optimizer_bytes()
     return {
         "losses": losses,

@@ -32,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zero_kit.train.export import AnonPeak, describe, export_checkpoint, peak_rss_mib
-    from zero_kit.train.export_checks import check_export, check_still_complete, live_run_checkpoint
+    from zero_kit.export.checks import check_export, check_still_complete, live_run_checkpoint
+    from zero_kit.export.to_hf import AnonPeak, describe, export_checkpoint, peak_rss_mib
 
     source = Path(args.checkpoint)
     live = live_run_checkpoint(source)  # an output a run still trains into: its newest complete checkpoint

@@ -12,6 +12,7 @@ Exit codes: 0 done; 2 bad input; 75 stopped by SIGTERM after saving a complete c
 from __future__ import annotations
 
 import argparse
+import os
 
 from zero_kit.options import add_dataclass_arguments, dataclass_from_args
 
@@ -30,8 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from zero_kit.launch.ops import use_extensions_dir
-    from zero_kit.train.job import run_train
     from zero_kit.train.options import TrainOptions
+    from zero_kit.train.parent import run_train
+    from zero_kit.train.rank import run_planned
 
     use_extensions_dir()  # before any rank starts: they inherit it (hostfile ranks through the env file)
-    return run_train(dataclass_from_args(TrainOptions, args))
+    planned = run_planned(os.environ)  # a rank of a relaunch: its starting process's plan, not the flags
+    return planned if planned is not None else run_train(dataclass_from_args(TrainOptions, args))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from zero_kit.config.builder import build_ds_config, dumps
 from zero_kit.config.spec import ZeroSpec
+from zero_kit.log import say
 
 PRESET_HIDDEN_SIZE = 4096
 _SIZED = {"hidden_size": PRESET_HIDDEN_SIZE}
@@ -60,4 +61,4 @@ def write_presets(directory: Path) -> list[Path]:
 if __name__ == "__main__":
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else PRESETS_DIR
     for path in write_presets(target):
-        print(path)
+        say(path)

@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import socket
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from pathlib import Path
 from zero_kit.data.files import Rows
 from zero_kit.data.pipeline import DataStats, Split, build_parts
 from zero_kit.errors import UserError
+from zero_kit.log import warn
 
 DATA_FORMAT_VERSION = 2  # 2: one Arrow file per split, in ROWS_PER_BATCH-row batches (1: save_to_disk)
 """Raise it whenever what an entry holds, or how rows become examples, changes: older entries are then not read."""
@@ -157,9 +157,6 @@ def _complete(path: Path) -> bool:
     return (path / META).is_file()
 
 
-def _say(line: str) -> None:
-    print(f"zero-kit: {line}", file=sys.stderr, flush=True)
-
 
 def prepared(spec: DataSpec, cache_dir: Path, load_rows: Callable[[], Rows], load_tokenizer: Callable) -> Entry:
     """The cache entry of `spec`: found ready, or built here (rows first: a file that does not parse is said before
@@ -192,7 +189,7 @@ def _build(spec: DataSpec, material: dict, final: Path, load_rows: Callable[[], 
     try:
         rows = load_rows()
         (tmp / "work").mkdir(parents=True)
-        _say(f"preparing {len(rows):,} rows of {', '.join(spec.paths)} into {final}")
+        warn(f"zero-kit: preparing {len(rows):,} rows of {', '.join(spec.paths)} into {final}")
         train, held, stats = build_parts(rows, load_tokenizer(), spec.fmt, spec.max_length, skip_bad=spec.skip_bad,
                                          pack=spec.pack, split=spec.split, workdir=tmp / "work")  # fmt: skip
         for split, dataset in (("train", train), ("eval", held)):
@@ -252,4 +249,4 @@ def _raise_recorded_failure(record: Path, since: float) -> None:
 def _clear_partials(cache_dir: Path, key: str) -> None:
     for partial in sorted(cache_dir.glob(f".tmp-{key}-*")):
         shutil.rmtree(partial, ignore_errors=True)
-        _say(f"removed {partial}, a preparation cut short (its process is gone)")
+        warn(f"zero-kit: removed {partial}, a preparation cut short (its process is gone)")

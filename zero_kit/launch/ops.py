@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from zero_kit.log import warn
+
 ENV = "TORCH_EXTENSIONS_DIR"
 LOCK = "lock"  # torch's FileBaton in each op's build directory
 OWNER = "zero_kit.owner"  # ours beside it: flocked by the build, pid/host/start inside
@@ -67,9 +69,6 @@ def use_extensions_dir() -> Path:
         os.environ[ENV] = str(path)
     return path
 
-
-def _say(line: str) -> None:
-    print(f"zero-kit: {line}", file=sys.stderr, flush=True)
 
 
 def clock(epoch: float) -> str:
@@ -118,19 +117,19 @@ def clear_stale_lock(build_dir: Path, recheck_s: float = STALE_RECHECK_S, others
         return "free"
     holders = lock_holders(lock)
     if holders:
-        _say(f"waiting for {build_dir.name}'s build by pid {holders[0]} (lock {lock} since {clock(first[1] / 1e9)})")
+        warn(f"zero-kit: waiting for {build_dir.name}'s build by pid {holders[0]} (lock {lock} since {clock(first[1] / 1e9)})")
         return "live"
     time.sleep(recheck_s)
     if _identity(lock) != first or lock_holders(lock):  # released (or re-taken) meanwhile: torch handles it
         return "free" if _identity(lock) is None else "live"
     if not others_visible:
-        _say(
-            f"waiting on {lock} (from {clock(first[1] / 1e9)}): no process on this host builds; this filesystem"
+        warn(
+            f"zero-kit: waiting on {lock} (from {clock(first[1] / 1e9)}): no process on this host builds; this filesystem"
             " has no flock, so a build on another host cannot be ruled out: delete the file if none runs"
         )
         return "live"
     lock.unlink(missing_ok=True)
-    _say(f"removed a stale build lock {lock} (from {clock(first[1] / 1e9)}; its builder is gone)")
+    warn(f"zero-kit: removed a stale build lock {lock} (from {clock(first[1] / 1e9)}; its builder is gone)")
     return "cleared"
 
 
@@ -175,7 +174,7 @@ def _take_slot(fd: int, owner: Path, what: str) -> bool:
             record = read_owner(owner.parent, owner.name) or {}
             since = f"since {clock(record['started'])}" if "started" in record else "since an unknown time"
             who = f"pid {record.get('pid', '?')} on {record.get('host', '?')}"
-            _say(f"waiting for {what} by {who} ({since}) in {owner.parent}")
+            warn(f"zero-kit: waiting for {what} by {who} ({since}) in {owner.parent}")
             fcntl.flock(fd, fcntl.LOCK_EX)  # a dead holder's flock is gone: this wait ends with a live holder
     except OSError as err:  # ENOLCK, EOPNOTSUPP: some network filesystems mounted without locks
         if isinstance(err, BlockingIOError):
@@ -204,8 +203,8 @@ def is_built(build_dir: Path, name: str) -> bool:
 
 def announce(name: str, build_dir: Path) -> None:
     cores = len(os.sched_getaffinity(0))
-    _say(
-        f"building DeepSpeed's {name} op for this environment (first run only, ~1-4 min on {cores} cores)"
+    warn(
+        f"zero-kit: building DeepSpeed's {name} op for this environment (first run only, ~1-4 min on {cores} cores)"
         f" into {build_dir}"
     )
 
@@ -248,7 +247,7 @@ def arch_list_deepspeed_parses(name: str, say: bool) -> Iterator[None]:
         yield
         return
     if say:
-        _say(f"{ARCH}={value!r} has entries DeepSpeed's op builder cannot parse; building its {name} op for {fixed!r}")
+        warn(f"zero-kit: {ARCH}={value!r} has entries DeepSpeed's op builder cannot parse; building its {name} op for {fixed!r}")
     os.environ[ARCH] = fixed
     try:
         yield

@@ -13,6 +13,7 @@ from typing import Literal
 from zero_kit.dist import MULTI_NODE_PORT
 from zero_kit.errors import UserError
 from zero_kit.launch.argv import deepspeed_command, torchrun_command
+from zero_kit.log import warn
 
 SlurmLauncher = Literal["deepspeed", "torchrun", "srun"]
 
@@ -42,11 +43,8 @@ def fill_size(nodes: int | None, gpus_per_node: int | None, command: str) -> tup
     )
     missing = [flag for flag, value in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node)) if value is None]
     if missing:
-        print(
-            f"zero-kit {command}: {filled[0]} node{'s' * (filled[0] != 1)} x {filled[1]} GPUs ({' and '.join(missing)} not given: defaults);"
-            f" pass {' and '.join(missing)} to change it",
-            file=sys.stderr,
-        )
+        warn(f"zero-kit {command}: {filled[0]} node{'s' * (filled[0] != 1)} x {filled[1]} GPUs ({' and '.join(missing)} not given: defaults);"
+            f" pass {' and '.join(missing)} to change it")
     return filled
 
 

@@ -23,7 +23,6 @@ import itertools
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import TextIO
 
 from zero_kit.launch.placement import Launch
+from zero_kit.log import warn
 from zero_kit.metrics import GIB
 from zero_kit.watchdog import EXIT_STALLED, read_marker
 
@@ -111,11 +111,11 @@ def supervise(launch: Launch, *, env: dict[str, str] | None = None, timeout: flo
     codes = [proc.returncode for proc in run.procs]
     report = read_marker(stall_dir, started) if stall_dir is not None and any(codes) else None
     if report is not None:
-        print(f"{name}: the stall watchdog ended the job: {report}", file=sys.stderr, flush=True)
+        warn(f"{name}: the stall watchdog ended the job: {report}")
     exit_code = exit_code_for(run.signal, report, run.timed_out, run.first_failure())
     killed = None if run.signal or report or run.timed_out else run.killed_line(name, memory_note)
     if killed is not None:
-        print(killed, file=sys.stderr, flush=True)
+        warn(killed)
     return Outcome(codes, exit_code, run.timed_out, report, run.signal, killed)
 
 
@@ -221,7 +221,7 @@ class _Run:
         if signum == signal.SIGINT:
             self.interrupts += 1
             if self.interrupts > 1:
-                print("zero-kit: a second Ctrl-C: stopping every process at once", file=sys.stderr, flush=True)
+                warn("zero-kit: a second Ctrl-C: stopping every process at once")
                 self.kill_all()
                 return
         if self.signal_ranks(signum):

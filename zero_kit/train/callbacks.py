@@ -1,20 +1,34 @@
 """Trainer callbacks of `zero-kit train`: progress and JSONL log (rank 0), complete-checkpoint marking,
-and a stop on SIGINT or SIGTERM (finish the step, save, stop: zero_kit.train.stopping)."""
+and a stop on SIGINT or SIGTERM (finish the step, save, stop: zero_kit.train.stopping).
+
+The tokens a `zero-kit train` run trained (tokens/s, MFU, `tokens_seen` in train_log.jsonl), counted without a
+collective of their own. The HF Trainer's count (`include_num_input_tokens_seen`) gathers one number across the
+ranks after every micro batch and waits for it (`.item()`; on a GPU a device sync), a round trip that neither the
+plain Trainer (off by default) nor the step needs (benchmarks/train_overhead). Here each rank adds up the
+non-padding tokens of the micro batches it trains where they are (`CountingTrainer.training_step`), and the sum over
+the ranks travels in the all-reduce the preemption check makes at every step anyway
+(`zero_kit.train.callbacks.PreemptionCallback`, `zero_kit.dist.any_rank_and_sum`). The Trainer's state, its log
+entries and the checkpoints' trainer_state.json get what the Trainer's own count gave them.
+
+The picture at the end of a run: OUTPUT/loss.png, train loss (and eval loss, where the log has it) over steps,
+drawn from OUTPUT/train_log.jsonl by rank 0 when training ends (also after a stop: what was trained so far).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import signal
-import sys
 import time
 from pathlib import Path
 
 from transformers import TrainerCallback
 
+from zero_kit.checkpoints import store
 from zero_kit.dist import any_rank_and_sum, barrier
 from zero_kit.errors import UserError
-from zero_kit.train import checkpoint
-from zero_kit.train.resumed import apply_resumed_schedule
+from zero_kit.log import say, warn
+from zero_kit.train.resume import apply_resumed_schedule
 from zero_kit.train.stopping import LOG_FILE
 
 
@@ -57,16 +71,14 @@ class ProgressCallback(TrainerCallback):
             "eta_s": None if eta is None else round(eta, 1),
         }
         self._append(record)
-        print(_progress_line(record), flush=True)
+        say(_progress_line(record))
 
     def _log_eval(self, step: int, logs: dict) -> None:
-        from zero_kit.train.evaluation import perplexity
-
         loss = logs["eval_loss"]
         record = {"step": step, "eval_loss": loss, "eval_perplexity": logs.get("eval_perplexity", perplexity(loss))}
         self.evals.append(record)
         self._append(record)
-        print(f"eval at step {step}: {_eval_words(record)}", flush=True)
+        say(f"eval at step {step}: {_eval_words(record)}")
 
     def _append(self, record: dict) -> None:
         with open(self.log_path, "a", encoding="utf-8") as handle:
@@ -79,17 +91,17 @@ class ProgressCallback(TrainerCallback):
             return
         if self.evals:
             best = min(self.evals, key=lambda r: r["eval_loss"])
-            print(f"zero-kit train: eval at the last step {self.evals[-1]['step']}: {_eval_words(self.evals[-1])}; "
-                  f"best at step {best['step']}: {_eval_words(best)}", flush=True)  # fmt: skip
-        from zero_kit.train.plots import write_loss_plot
+            say(f"zero-kit train: eval at the last step {self.evals[-1]['step']}: {_eval_words(self.evals[-1])}; "
+                  f"best at step {best['step']}: {_eval_words(best)}")  # fmt: skip
+        from zero_kit.train.callbacks import write_loss_plot
 
         try:
             path = write_loss_plot(self.log_path.parent)
         except Exception as err:  # matplotlib backends and fonts vary by host: the run's result is unaffected
-            print(f"zero-kit train: warning: no loss plot ({type(err).__name__}: {err})", file=sys.stderr, flush=True)
+            warn(f"zero-kit train: warning: no loss plot ({type(err).__name__}: {err})")
             return
         if path is not None:
-            print(f"zero-kit train: loss plot in {path}", flush=True)
+            say(f"zero-kit train: loss plot in {path}")
 
 
 def _progress_line(r: dict) -> str:
@@ -122,7 +134,7 @@ def _clock(seconds: float) -> str:
 class CompleteCheckpointCallback(TrainerCallback):
     """Before the Trainer saves `checkpoint-N`: every rank marks it as zero-kit's (in progress). After the save on
     every rank: fsync, barrier, then rank 0 writes the manifest and moves `latest_complete` (see
-    zero_kit.train.checkpoint), then old complete checkpoints are rotated out. Add it after every callback that may
+    zero_kit.checkpoints.store), then old complete checkpoints are rotated out. Add it after every callback that may
     ask for a save (its `on_step_end` reads the step's final save decision)."""
 
     def __init__(self, output_dir: Path, keep: int | None, run_info: dict, keep_best: bool = False):
@@ -138,7 +150,7 @@ class CompleteCheckpointCallback(TrainerCallback):
         # and before any rank can save (a save follows a step, whose collectives need every rank here first), so
         # neither a deletion under way nor another rank's fresh directory, whose mark is not written yet, is taken
         # for another tool's checkpoint.
-        self._foreign = {path.name for path in checkpoint.foreign(self.output_dir)}
+        self._foreign = {path.name for path in store.foreign(self.output_dir)}
 
     def on_step_end(self, args, state, control, **kwargs):
         # The Trainer saves right after the step-end callbacks (`_maybe_log_save_evaluate`) into a directory that
@@ -157,7 +169,7 @@ class CompleteCheckpointCallback(TrainerCallback):
                 f"{ckpt} was written by another tool: zero-kit will not save into it",
                 f"move it out of {self.output_dir}, or train with another --output",
             )
-        checkpoint.mark_partial(ckpt)
+        store.mark_partial(ckpt)
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         # The Trainer evaluates before it saves in the same step: that save's manifest records this loss.
@@ -167,14 +179,14 @@ class CompleteCheckpointCallback(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         ckpt = self.output_dir / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero:
-            checkpoint.atomic_write_text(ckpt / checkpoint.RUN_INFO, json.dumps(self.run_info, indent=1) + "\n")
-        checkpoint.fsync_tree(ckpt)
+            store.atomic_write_text(ckpt / store.RUN_INFO, json.dumps(self.run_info, indent=1) + "\n")
+        store.fsync_tree(ckpt)
         barrier()
         if state.is_world_process_zero:
             evaluated = self._eval is not None and self._eval[0] == state.global_step
             eval_loss = self._eval[1] if evaluated else None
-            checkpoint.write_manifest(ckpt, step=state.global_step, world_size=args.world_size, eval_loss=eval_loss)
-            checkpoint.rotate(self.output_dir, self.keep, keep_best=self.keep_best)
+            store.write_manifest(ckpt, step=state.global_step, world_size=args.world_size, eval_loss=eval_loss)
+            store.rotate(self.output_dir, self.keep, keep_best=self.keep_best)
         barrier()
 
 
@@ -187,7 +199,7 @@ class SaveAtEndCallback(TrainerCallback):
 
 
 class ResumedScheduleCallback(TrainerCallback):
-    """A resumed run trains at its flags' peak lr and weight decay, not the checkpoint's (zero_kit.train.resumed):
+    """A resumed run trains at its flags' peak lr and weight decay, not the checkpoint's (zero_kit.train.resume):
     at the start of training, after the Trainer loaded the checkpoint's optimizer and scheduler states."""
 
     def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs):
@@ -222,7 +234,7 @@ class PreemptionCallback(TrainerCallback):
     checkpoint, stop; `signum` says which came first, and the job exits with stopping.exit_code(signum).
 
     Ranks may receive the signal at different steps, so they agree through an all-reduce of the flag at every
-    step end (carrying, with `tokens`, the step's trained tokens too: zero_kit.train.tokens); all of them then save
+    step end (carrying, with `tokens`, the step's trained tokens too: zero_kit.train.callbacks); all of them then save
     the same step. A signal that comes again (a terminal's Ctrl-C reaches a rank
     directly and once more through the supervisor; the deepspeed launcher adds a SIGTERM) is the same request: the
     handler only records, and the supervisor, not the rank, answers a second Ctrl-C by killing every process. Only
@@ -234,7 +246,7 @@ class PreemptionCallback(TrainerCallback):
     def __init__(self, rank: int = 0, alone: bool = False, tokens=None):
         self.rank = rank
         self.alone = alone
-        self.tokens = tokens  # a zero_kit.train.tokens.TokenCount: its sum over the ranks rides in the same all-reduce
+        self.tokens = tokens  # a zero_kit.train.callbacks.TokenCount: its sum over the ranks rides in the same all-reduce
         self.signum: int | None = None
         self.stopped = False
         self._previous = {signum: signal.signal(signum, self._on_signal) for signum in self.SIGNALS}
@@ -265,8 +277,8 @@ class PreemptionCallback(TrainerCallback):
         if self.rank == 0:
             name = "Ctrl-C (SIGINT)" if self.signum == signal.SIGINT else "SIGTERM"
             again = "; Ctrl-C again stops at once" if self.signum == signal.SIGINT else ""
-            print(f"zero-kit train: {name} received: saving a checkpoint of step {state.global_step}, then stopping"
-                  f"{again}", file=sys.stderr, flush=True)  # fmt: skip
+            warn(f"zero-kit train: {name} received: saving a checkpoint of step {state.global_step}, then stopping"
+                  f"{again}")  # fmt: skip
 
     def on_train_end(self, args, state, control, **kwargs):
         if not self.stopped:
@@ -294,7 +306,7 @@ class StartupCallback(TrainerCallback):
 class ThroughputCallback(TrainerCallback):
     """Adds `tokens_per_s` (all ranks together, since the previous log) and, on a known GPU, `mfu` to each
     log entry. Needs the tokens counted: `TrainingArguments(include_num_input_tokens_seen=True)` in a user's own script,
-    zero_kit.train.tokens in `zero-kit train`.
+    zero_kit.train.callbacks in `zero-kit train`.
     MFU = tokens/s per device x FLOPs per token / device dense peak (zero_kit.metrics) at `precision` (`zero-kit
     train` passes its resolved one; in a user's own Trainer script, where the arguments are the only record,
     it is read from their bf16/fp16 flags)."""
@@ -349,13 +361,11 @@ def _flops_per_token(model, seq_len: int | None) -> float | None:
 
 class PerplexityCallback(TrainerCallback):
     """Adds eval_perplexity to the Trainer's eval log entry. It must run before the trackers' callbacks (which the
-    Trainer puts first): zero_kit.train.job moves it to the front. See zero_kit.train.evaluation."""
+    Trainer puts first): `before_trackers` moves it to the front."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs is not None and isinstance(logs.get("eval_loss"), (int, float)):
-            from zero_kit.train.evaluation import perplexity
-
-            logs["eval_perplexity"] = perplexity(logs["eval_loss"])
+                logs["eval_perplexity"] = perplexity(logs["eval_loss"])
 
 
 class EvalScheduleCallback(TrainerCallback):
@@ -380,3 +390,111 @@ def before_trackers(trainer, *callbacks: TrainerCallback) -> None:
     for callback in reversed(callbacks):
         handler.callbacks.remove(callback)
         handler.callbacks.insert(0, callback)
+
+
+class TokenCount(TrainerCallback):
+    """This rank's non-padding tokens since the last `take`, as the Trainer counts them with
+    `include_num_input_tokens_seen="non_padding"`: the attention mask's ones, or (packed rows, which have none) the
+    input ids that are not padding."""
+
+    def __init__(self, pad_id: int | None):
+        self.pad_id = pad_id
+        self.pending = 0
+        self.at_start = 0
+        """The run's count when this training began (a resumed run's, from its checkpoint): the session's tokens/s."""
+
+    def add(self, inputs) -> None:
+        mask = inputs.get("attention_mask")
+        ids = inputs["input_ids"]
+        if mask is not None:
+            count = mask.sum()
+        elif self.pad_id is not None:
+            count = (ids != self.pad_id).sum()
+        else:
+            count = ids.numel()
+        self.pending = self.pending + count  # a tensor stays where it is: no wait here
+
+    def take(self):
+        pending, self.pending = self.pending, 0
+        return pending
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.at_start = state.num_input_tokens_seen
+
+
+def counting_trainer(tokens: TokenCount) -> type:
+    """The Trainer class of a run: each trained micro batch goes to `tokens`; each log entry gets the count and, with
+    the training's start time, the session's speed, as the Trainer adds them when it counts itself."""
+    from transformers import Trainer
+    from transformers.trainer_utils import speed_metrics
+
+    class CountingTrainer(Trainer):
+        def training_step(self, model, inputs, *args, **kwargs):
+            tokens.add(inputs)
+            return super().training_step(model, inputs, *args, **kwargs)
+
+        def log(self, logs, start_time=None, *args, **kwargs):
+            seen = self.state.num_input_tokens_seen
+            logs["num_input_tokens_seen"] = seen
+            if start_time is not None:
+                logs.update(speed_metrics("train", start_time, num_tokens=seen - tokens.at_start))
+            return super().log(logs, start_time, *args, **kwargs)
+
+    return CountingTrainer
+
+
+LOSS_PNG = "loss.png"
+
+
+def loss_points(log_path: Path) -> dict[str, list[tuple[int, float]]]:
+    """{"train": [(step, loss)], "eval": [(step, eval_loss)]}, by step. A resumed run appends to the same log and may
+    log a step again: the last record of a step wins. A line cut short by a kill is skipped."""
+    series: dict[str, dict[int, float]] = {"train": {}, "eval": {}}
+    text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else ""
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            continue
+        for name, key in (("train", "loss"), ("eval", "eval_loss")):
+            if isinstance(record.get(key), (int, float)):
+                series[name][record["step"]] = float(record[key])
+    return {name: sorted(points.items()) for name, points in series.items()}
+
+
+def write_loss_plot(output: Path) -> Path | None:
+    """OUTPUT/loss.png from the run's log; None when the log holds no loss yet."""
+    points = loss_points(output / LOG_FILE)
+    if not points["train"] and not points["eval"]:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, style in (("train", "-"), ("eval", "o-")):
+        if points[name]:
+            steps, losses = zip(*points[name], strict=True)
+            ax.plot(steps, losses, style, label=f"{name} loss")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    ax.set_title(f"{output.name}: loss over steps")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = output / LOSS_PNG
+    partial = path.with_name(f".{LOSS_PNG}.partial")
+    fig.savefig(partial, format="png", dpi=100)
+    plt.close(fig)
+    partial.replace(path)  # a reader never sees half a picture
+    return path
+
+
+def perplexity(loss: float) -> float:
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf

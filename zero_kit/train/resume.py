@@ -3,11 +3,27 @@ process before any rank starts, any op is built or anything is deleted.
 
 A checkpoint's run record (`checkpoint-N/zero_kit_run.json`, a copy of `OUTPUT/zero_kit_run.json`) says which stage,
 world size, model, tuning and precision wrote it. A new world size goes through DeepSpeed's universal checkpoint
-(zero_kit.train.universal). A new ZeRO stage does not: DeepSpeed names a ZeRO-3 engine's model states per
+(zero_kit.checkpoints.universal). A new ZeRO stage does not: DeepSpeed names a ZeRO-3 engine's model states per
 data-parallel rank (`zero_pp_rank_R_mp_rank_00_model_states.pt`, engine `_get_ckpt_name`) and a ZeRO-1/2 engine's
 once (`mp_rank_00_model_states.pt`), and its universal loader looks for its own stage's names; zero-kit has no test
 of a 1 <-> 2 switch either. So a stage change, like another model, LoRA vs full (or another rank) and another
 precision, is one error naming both runs and the three ways on.
+
+A resumed run that changes its flags says what changed, and trains on what it said (issue 39).
+
+The HF Trainer resumes a DeepSpeed checkpoint with `engine.load_checkpoint(load_optimizer_states=True,
+load_lr_scheduler_states=True)`: the optimizer's param groups (lr, initial_lr, weight_decay) and the scheduler's
+base_lrs come back from the checkpoint, while the schedule's shape (LambdaLR's lambda: a function or a partial, whose
+state_dict holds nothing) is built from the new flags. So `--max-steps 20 --lr 1e-2 --lr-scheduler constant` after a
+10-step run trained at the old peak 1e-3 on the new constant schedule: a third value, with no word (transformers
+5.23, DeepSpeed 0.19).
+
+zero-kit applies the new values instead. Before any rank starts, one line names each flag that differs from the run
+record of the checkpoint being resumed and the value that will be used; on the ranks, `apply_resumed_schedule`
+(ResumedScheduleCallback, at the start of training, after the checkpoint is loaded) sets the peak lr and weight
+decay from the flags, so the lr of step N+1 is the new schedule at step N+1 with the new peak: neither a restarted
+warm-up nor the old schedule. The data and the batch shape are applied as the Trainer does: the run goes on at the
+checkpoint's step, counted in batches of the new shape, of the new data.
 """
 
 from __future__ import annotations
@@ -15,14 +31,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from zero_kit.dist import world_size_from_env
+from zero_kit.checkpoints import store
 from zero_kit.errors import UserError
-from zero_kit.train import checkpoint
-from zero_kit.train.options import TrainOptions
+from zero_kit.log import warn
+from zero_kit.train.options import TrainOptions, default_lr
 
 EMBEDDED_MODEL = "the embedded tiny LLaMA"
 
@@ -67,42 +82,35 @@ def continue_requeued_job(opts: TrainOptions, environ: dict[str, str], speak: bo
     if restart is None:
         return opts
     count, job_id = restart
-    newest = checkpoint.newest_complete(Path(opts.output))
+    newest = store.newest_complete(Path(opts.output))
     own = newest if newest is not None and _recorded_job(newest) == job_id else None
     if speak:
         what = f"continuing from {own}, its newest complete checkpoint" if own else f"--resume {opts.resume} as given"
-        print(
-            f"zero-kit train: requeued by Slurm: restart {count} of job {job_id}; {what}", file=sys.stderr, flush=True
-        )
+        warn(f"zero-kit train: requeued by Slurm: restart {count} of job {job_id}; {what}")
     return opts if own is None or opts.resume == "auto" else dataclasses.replace(opts, resume=str(own))
 
 
 def _recorded_job(ckpt: Path) -> str | None:
     try:
-        return json.loads((ckpt / checkpoint.RUN_INFO).read_text(encoding="utf-8")).get(JOB_ID_KEY)
+        return json.loads((ckpt / store.RUN_INFO).read_text(encoding="utf-8")).get(JOB_ID_KEY)
     except (OSError, ValueError, AttributeError):
         return None
 
 
-def check_before_start(opts: TrainOptions, environ: dict[str, str]) -> Path | None:
-    """The command's first seconds (before relaunch): name another tool's `checkpoint-N` once, check a
-    `--resume CHECKPOINT_DIR`, and refuse a run that cannot continue the checkpoint it would take. Returns it."""
-    output = Path(opts.output)
-    others = checkpoint.foreign(output)
-    if others and environ.get("RANK", "0") == "0":
+def check_resume(plan, speak: bool) -> None:
+    """The starting process's first seconds after the plan (a `RunPlan`): name another tool's `checkpoint-N` once
+    (where `speak`), and refuse a run that cannot continue the checkpoint it would take (plan.resume_from)."""
+    output = plan.output
+    others = store.foreign(output)
+    if others and speak:
         names = ", ".join(path.name for path in others)
-        print(
-            f"zero-kit train: warning: {names} in {output} was not written by zero-kit (no {checkpoint.MANIFEST}): "
-            "left as it is, never resumed or deleted",
-            file=sys.stderr,
-            flush=True,
-        )
-    target = resume_target(opts)
-    if target is not None:
+        warn(f"zero-kit train: warning: {names} in {output} was not written by zero-kit (no {store.MANIFEST}): left as it is, never "
+             "resumed or deleted")  # fmt: skip
+    if plan.resume_from is not None:
+        target = Path(plan.resume_from)
         saved = recorded_shape(target)
         if saved is not None:
-            check_fits(opts, saved, planned_shape(opts, environ), target)
-    return target
+            check_fits(plan.options, saved, planned_shape(plan), target)
 
 
 def resume_target(opts: TrainOptions) -> Path | None:
@@ -111,11 +119,11 @@ def resume_target(opts: TrainOptions) -> Path | None:
     if opts.resume == "never":
         return None
     if opts.resume == "auto":
-        return checkpoint.newest_complete(Path(opts.output))
+        return store.newest_complete(Path(opts.output))
     found = Path(opts.resume)
-    if not checkpoint.is_complete(found):
+    if not store.is_complete(found):
         raise UserError(
-            f"--resume {found}: not a complete zero-kit checkpoint (no {checkpoint.MANIFEST} or files missing)",
+            f"--resume {found}: not a complete zero-kit checkpoint (no {store.MANIFEST} or files missing)",
             "give a checkpoint-N directory written by zero-kit train, or use --resume auto",
         )
     return found
@@ -123,7 +131,7 @@ def resume_target(opts: TrainOptions) -> Path | None:
 
 def recorded_shape(ckpt: Path) -> RunShape | None:
     """The run that wrote `ckpt`, from its copy of the run record (else OUTPUT's); None when neither is readable."""
-    for path in (ckpt / checkpoint.RUN_INFO, ckpt.parent / checkpoint.RUN_INFO):
+    for path in (ckpt / store.RUN_INFO, ckpt.parent / store.RUN_INFO):
         try:
             info = json.loads(path.read_text(encoding="utf-8"))
             options = info["options"]
@@ -139,44 +147,16 @@ def recorded_shape(ckpt: Path) -> RunShape | None:
     return None
 
 
-def planned_shape(opts: TrainOptions, environ: dict[str, str]) -> RunShape:
-    """The new run as its flags (and a --ds-config file's stage) say, at the world size the launch will have."""
+def planned_shape(plan) -> RunShape:
+    """The new run as its plan says: stage, world size, model, tuning and precision."""
+    options = plan.options
     return RunShape(
-        stage=_planned_stage(opts),
-        world_size=planned_world_size(opts, environ),
-        model=opts.model or EMBEDDED_MODEL,
-        lora_r=opts.lora_r,
-        precision=_explicit(opts.precision),
+        stage=plan.zero_stage,
+        world_size=plan.world_size,
+        model=options.model or EMBEDDED_MODEL,
+        lora_r=options.lora_r,
+        precision=plan.precision,
     )
-
-
-def planned_world_size(opts: TrainOptions, environ: dict[str, str]) -> int | None:
-    """Resolved the way the launch will: a launcher's WORLD_SIZE (also SLURM's, already translated), else the
-    hostfile's slots (each capped at --nproc, the launcher's --num_gpus), else --nproc, else 1."""
-    try:
-        launched, _ = world_size_from_env(environ)
-    except ValueError:
-        return None  # the rank reports the bad variable itself
-    if launched:
-        return launched
-    if opts.hostfile:
-        from zero_kit.launch import read_hostfile
-
-        return sum(min(slots, opts.nproc) if opts.nproc else slots for _, slots in read_hostfile(opts.hostfile))
-    return opts.nproc or 1
-
-
-def _planned_stage(opts: TrainOptions) -> int | None:
-    if opts.ds_config is None:
-        return 2 if opts.stage is None else opts.stage
-    from zero_kit.lint import Unreadable, read_config
-
-    try:
-        config, _ = read_config(opts.ds_config, "hf-trainer")
-        stage = config.get("zero_optimization", {}).get("stage", 0)
-    except (Unreadable, OSError, AttributeError):
-        return None  # the ranks' lint of the file says what is wrong with it
-    return stage if isinstance(stage, int) else None
 
 
 def _explicit(precision: object) -> str | None:
@@ -218,3 +198,91 @@ def _matching_flags(saved: RunShape, differs: list[str]) -> str:
     if "precision" in differs:
         flags.append(f"--precision {saved.precision}")
     return "the checkpoint's flags: " + " ".join(flags)
+
+
+WATCHED = ("lr", "lr_scheduler", "warmup_steps", "weight_decay", "max_steps", "epochs", "micro_batch", "grad_accum")
+"""The flags compared with the resumed run's record (besides the data)."""
+
+
+def recorded_run(ckpt: Path) -> dict | None:
+    """The run record of `ckpt` (its copy, else OUTPUT's); None when neither is readable."""
+    for path in (ckpt / store.RUN_INFO, ckpt.parent / store.RUN_INFO):
+        try:
+            info = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(info, dict) and isinstance(info.get("options"), dict):
+            return info
+    return None
+
+
+def _effective(options: dict, opts: TrainOptions) -> dict:
+    """The values a run with these recorded options trained on: its lr after the default rule, and --epochs only
+    where no --max-steps decided the length."""
+    known = {field.name for field in dataclasses.fields(TrainOptions)}
+    then = dataclasses.replace(opts, **{key: value for key, value in options.items() if key in known})
+    values = {name: getattr(then, name) for name in WATCHED}
+    values["lr"] = default_lr(then)
+    if then.max_steps is not None:
+        values["epochs"] = None
+    return values
+
+
+def changes(info: dict, opts: TrainOptions, data_entry: str | None) -> list[tuple[str, object, object]]:
+    """(flag, recorded value, new value) for each watched flag that differs, and the data when its prepared entry
+    (a key of the data's bytes and its preparation, zero_kit.data.cache) is another."""
+    was, now = _effective(info["options"], opts), _effective({}, opts)
+    found = [("--" + name.replace("_", "-"), was[name], now[name]) for name in WATCHED if was[name] != now[name]]
+    recorded_entry = info.get("data_cache")
+    if data_entry and recorded_entry and Path(recorded_entry).name != Path(data_entry).name:
+        found.append(("data", _data_words(info["options"]), _data_words(dataclasses.asdict(opts))))
+    return found
+
+
+def _data_words(options: dict) -> str:
+    given = options.get("data") or "the bundled data"
+    return f"{given} (--format {options.get('format')}, --max-length {options.get('max_length')})"
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "unset"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def change_line(target: Path, found: list[tuple[str, object, object]]) -> str:
+    step = store.checkpoint_step(target)
+    what = "; ".join(f"{flag} {_shown(was)} -> {_shown(now)}" for flag, was, now in found)
+    after = f"step {step + 1}" if step is not None else "the resumed step"
+    return (
+        f"zero-kit train: resuming {target} with flags that differ from its run: {what}. The new values are used "
+        f"from {after} on (the lr schedule is rebuilt from them at that step)"
+    )
+
+
+def announce_changes(opts: TrainOptions, target: Path, data_entry: str | None) -> list[tuple[str, object, object]]:
+    """The one line before any rank starts (nothing when the record is unreadable or nothing differs)."""
+    info = recorded_run(target)
+    found = changes(info, opts, data_entry) if info is not None else []
+    if found:
+        warn(change_line(target, found))
+    return found
+
+
+def apply_resumed_schedule(scheduler, learning_rate: float, weight_decay: float) -> None:
+    """After the checkpoint is loaded: the peak lr and weight decay of the flags, not the checkpoint's. The
+    scheduler's own optimizer groups (DeepSpeed's ZeRO optimizer shares its base optimizer's). The HF Trainer's
+    first group is the decayed one, its second (biases, norms) has no decay (Trainer.create_optimizer)."""
+    while not hasattr(scheduler, "lr_lambdas") and hasattr(scheduler, "scheduler"):
+        scheduler = scheduler.scheduler  # accelerate's wrapper (DeepSpeedSchedulerWrapper) around the LambdaLR
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if lambdas is None:  # not one of the Trainer's LambdaLR schedules: left as loaded
+        return
+    groups = scheduler.optimizer.param_groups
+    groups[0]["weight_decay"] = weight_decay
+    scheduler.base_lrs = [learning_rate for _ in groups]
+    last = [learning_rate * rule(scheduler.last_epoch) for rule in lambdas]
+    for group, value in zip(groups, last, strict=True):
+        group["initial_lr"] = learning_rate
+        group["lr"] = value
+    scheduler._last_lr = last  # what get_last_lr() (the logged lr) returns until the next step

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from zero_kit.data.cache import DataSpec, Entry, default_cache_dir, prepared
 from zero_kit.data.dataset import DataCollator, default_data_path, load_dataset_rows
 from zero_kit.data.pipeline import Split
+from zero_kit.log import say
 from zero_kit.model import ASSET_TOKENIZER
 from zero_kit.train.options import TrainOptions
 
@@ -67,7 +68,7 @@ def prepare(opts: TrainOptions, speak: bool) -> Prepared:
                          tokenizer)  # fmt: skip
         if speak or entry.built:
             done = f"prepared in {entry.seconds:.1f} s into" if entry.built else "reused the prepared"
-            print(f"zero-kit train: {what}: {done} {entry.path}", flush=True)
+            say(f"zero-kit train: {what}: {done} {entry.path}")
         entries.append(entry)
     return Prepared(*entries)
 

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from zero_kit.dist import THP_ENV, free_port, set_rank_huge_pages, set_rank_threads, single_process_env, under_launcher
+from zero_kit.log import say
 from zero_kit.plan.shapes import local_model_params
-from zero_kit.train.options import TrainOptions
 from zero_kit.watchdog import nccl_watchdog_env
 
 STARTUP_FILE = "zero_kit_startup.json"
@@ -35,9 +35,10 @@ PREPARED_ENV = "ZERO_KIT_PREPARED"
 STAGES = ("prepare", "launch", "imports", "rendezvous", "model", "data", "engine", "first_step")
 
 
-def rank_environment(opts: TrainOptions) -> None:
-    """A world of one when no launcher started this process; offline hubs; threads and huge pages; the NCCL
-    watchdog's variables."""
+def rank_environment(plan) -> None:
+    """For this rank of `plan` (a RunPlan): a world of one when no launcher started this process; offline hubs;
+    threads and huge pages; the NCCL watchdog's variables."""
+    opts = plan.options
     if not under_launcher():
         os.environ.update(single_process_env(opts.master_port or free_port()))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -45,22 +46,10 @@ def rank_environment(opts: TrainOptions) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     set_rank_threads()  # before torch's import: cores / local ranks, unless the user set OMP_NUM_THREADS
     trained = None if opts.lora_r else local_model_params(opts.model)  # LoRA gathers its adapters only
-    set_rank_huge_pages(zero_stage(opts), trained, opts.precision)  # before torch's import too (zero_kit.dist)
+    set_rank_huge_pages(plan.zero_stage, trained, plan.precision)  # before torch's import too (zero_kit.dist)
     if opts.run_name:  # TensorBoard names its directory by date and host; the user's variable wins
         os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(opts.output) / "runs" / opts.run_name))
     os.environ.update({k: v for k, v in nccl_watchdog_env(opts.stall_timeout).items() if k not in os.environ})
-
-
-def zero_stage(opts: TrainOptions) -> int | None:
-    """The run's ZeRO stage, read without torch: the flag's (2 by default) or the --ds-config file's (None where the
-    file cannot say it yet; it is checked, and any mistake said, later)."""
-    if not opts.ds_config:
-        return 2 if opts.stage is None else opts.stage
-    try:
-        stage = json.loads(Path(opts.ds_config).read_text(encoding="utf-8"))["zero_optimization"].get("stage", 0)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return stage if isinstance(stage, int) else None
 
 
 def process_start() -> float:
@@ -145,10 +134,10 @@ class StartupClock:
 
     def finish(self, output: Path) -> None:
         """Rank 0, after the first step: the JSON beside the run record, and one line."""
-        from zero_kit.train.checkpoint import atomic_write_text
+        from zero_kit.checkpoints.store import atomic_write_text
 
         atomic_write_text(output / STARTUP_FILE, json.dumps(self.record(), indent=1) + "\n")
-        print(self.line(), flush=True)
+        say(self.line())
 
     def for_ranks(self) -> dict[str, str]:
         """The variables a relaunch's ranks continue this clock from: the command's start, the prepare mark."""

@@ -19,8 +19,9 @@ import signal
 import sys
 from pathlib import Path
 
-from zero_kit.train import checkpoint
-from zero_kit.train.options import EXIT_PREEMPTED
+from zero_kit.checkpoints import store
+from zero_kit.errors import EXIT_PREEMPTED
+from zero_kit.log import warn
 
 EXIT_INTERRUPTED = 130
 """Exit code of a run stopped by Ctrl-C (SIGINT): 128 + 2, what a shell reports."""
@@ -64,8 +65,8 @@ def stop_line(signum: int, output: Path, argv: list[str] | None) -> str:
     what = "stopped by Ctrl-C (SIGINT)" if signum == signal.SIGINT else "preempted (SIGTERM)"
     step = last_logged_step(output)
     at = f" at step {step}" if step is not None else " before the first step"
-    ckpt = checkpoint.newest_complete(output)
-    left = f"checkpoint left: {ckpt} ({output / checkpoint.POINTER})" if ckpt else "no checkpoint written yet"
+    ckpt = store.newest_complete(output)
+    left = f"checkpoint left: {ckpt} ({output / store.POINTER})" if ckpt else "no checkpoint written yet"
     again = continue_command(argv) if argv is not None else "the same launch command with --resume auto"
     return f"zero-kit train: {what}{at}, exit {exit_code(signum)}; {left}; continue with: {again}"
 
@@ -79,7 +80,7 @@ def leave_at_once_on_signal(output: Path, speak: bool) -> None:
     def leave(signum, frame):
         if speak:
             with contextlib.suppress(RuntimeError):  # a reentrant write, if the signal came inside a print
-                print(stop_line(signum, output, None), file=sys.stderr, flush=True)
+                warn(stop_line(signum, output, None))
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()

@@ -11,7 +11,7 @@ import os
 if os.environ.get("ZERO_KIT_PROBE_LOGITS"):
     from transformers import TrainerCallback
 
-    import zero_kit.train.job as job
+    import zero_kit.train.rank as job
 
     class ProbeLogits(TrainerCallback):
         def on_train_end(self, args, state, control, model=None, train_dataloader=None, **kwargs):

@@ -52,7 +52,7 @@ _EXIT_RANK = os.environ.get("ZERO_KIT_FAULT_EXIT_RANK", "")
 if _EXIT_RANK and os.environ.get("RANK", os.environ.get("SLURM_PROCID")) == _EXIT_RANK:
     import sys
 
-    import zero_kit.train.job as _job
+    import zero_kit.train.rank as _job
 
     _train = _job._train
 

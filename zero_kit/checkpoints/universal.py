@@ -20,9 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from zero_kit.checkpoints import store
 from zero_kit.dist import any_rank
 from zero_kit.errors import UserError
-from zero_kit.train import checkpoint
+from zero_kit.log import say
 
 LATEST_UNIVERSAL = "latest_universal"
 FAILED_MARKER = ".universal_failed"
@@ -31,7 +32,7 @@ TIMEOUT_S = 3600
 
 def saved_world_size(ckpt: Path) -> int | None:
     """The world size that wrote `ckpt`: from zero-kit's manifest or run record, else DeepSpeed's shard files."""
-    for name in (checkpoint.MANIFEST, checkpoint.RUN_INFO):
+    for name in (store.MANIFEST, store.RUN_INFO):
         try:
             value = json.loads((ckpt / name).read_text(encoding="utf-8")).get("world_size")
         except (OSError, ValueError, AttributeError):
@@ -66,9 +67,9 @@ def universal_ready(ckpt: Path) -> bool:
 def convert(ckpt: Path) -> Path:
     """Write the universal form of `ckpt` (rank 0 only); returns its directory. Idempotent and crash-safe."""
     tag = deepspeed_tag(ckpt)
-    if tag is None or not (ckpt / checkpoint.MANIFEST).is_file():
+    if tag is None or not (ckpt / store.MANIFEST).is_file():
         raise UserError(
-            f"{ckpt}: not a zero-kit checkpoint (no {checkpoint.MANIFEST}) with a DeepSpeed `latest` tag to convert",
+            f"{ckpt}: not a zero-kit checkpoint (no {store.MANIFEST}) with a DeepSpeed `latest` tag to convert",
             "resume from a checkpoint-N written by zero-kit train",
         )
     final = ckpt / f"{tag}_universal"
@@ -106,8 +107,8 @@ def convert(ckpt: Path) -> Path:
     # ds_to_universal points a `latest_universal` beside its output folder at the temporary name: ours wins.
     (ckpt / LATEST_UNIVERSAL).unlink(missing_ok=True)
     os.replace(tmp, final)
-    checkpoint.fsync_tree(final)
-    checkpoint.atomic_write_text(ckpt / LATEST_UNIVERSAL, final.name + "\n")
+    store.fsync_tree(final)
+    store.atomic_write_text(ckpt / LATEST_UNIVERSAL, final.name + "\n")
     return final
 
 
@@ -122,11 +123,8 @@ def prepare_resume(resume_from: Path | None, args) -> bool:
         return False
     failure = None
     if args.process_index == 0:
-        print(
-            f"zero-kit train: {resume_from.name} was written by {saved} rank(s), this run has {args.world_size}:"
-            " converting it to a DeepSpeed universal checkpoint",
-            flush=True,
-        )
+        say(f"zero-kit train: {resume_from.name} was written by {saved} rank(s), this run has {args.world_size}:"
+            " converting it to a DeepSpeed universal checkpoint")
         (resume_from / FAILED_MARKER).unlink(missing_ok=True)
         try:
             convert(resume_from)

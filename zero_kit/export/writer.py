@@ -1,4 +1,4 @@
-"""Writes one safetensors file a tensor at a time, for zero_kit.train.export.
+"""Writes one safetensors file a tensor at a time, for zero_kit.export.to_hf.
 
 safetensors' own `save_file` takes a dict of whole tensors and copies each into a bytes object first, so it holds
 the shard twice; the format is simple (an 8-byte little-endian header length, a JSON header of dtype, shape and
@@ -17,7 +17,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from zero_kit.train.export_read import FileTensor, Segment, cut_short
+from zero_kit.export.reader import FileTensor, Segment, cut_short
 
 CHUNK_BYTES = 64 * 2**20  # a plain read/write copy's buffer, where copy_file_range is refused
 

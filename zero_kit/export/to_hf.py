@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from zero_kit.errors import UserError
-from zero_kit.train.export_checks import check_export
-from zero_kit.train.export_read import read_zero_checkpoint
-from zero_kit.train.export_write import write_shard
+from zero_kit.export.checks import check_export
+from zero_kit.export.reader import read_zero_checkpoint
+from zero_kit.export.writer import write_shard
 
 PEFT_PREFIX = "base_model.model."
 DTYPES = ("fp32", "bf16", "fp16")

@@ -158,9 +158,9 @@ def _check_model(opts: TrainOptions) -> None:
 
 
 def _check_max_length(opts: TrainOptions) -> None:
-    """--max-length against the model's positions (zero_kit.train.fit): a refusal here; RoPE scaling's warning is
+    """--max-length against the model's positions (zero_kit.train.guards.fit): a refusal here; RoPE scaling's warning is
     said once by the job."""
-    from zero_kit.train.fit import check_length
+    from zero_kit.train.guards.fit import check_length
 
     check_length(opts)
 
@@ -171,7 +171,7 @@ def _check_output(opts: TrainOptions) -> None:
 
 def _check_nvme_path(opts: TrainOptions) -> None:
     """--nvme-path beside --output (a --ds-config file's nvme_path is preflight's, once the file is read)."""
-    from zero_kit.train.preflight import check_nvme
+    from zero_kit.train.guards.preflight import check_nvme
 
     if opts.nvme_path and "nvme" in (opts.offload_optimizer, opts.offload_param):
         raise_all(check_nvme((("--nvme-path", opts.nvme_path),)), "with --nvme-path")

@@ -27,15 +27,14 @@ import contextlib
 import json
 import os
 import socket
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from zero_kit.errors import UserError
+from zero_kit.errors import EXIT_PREEMPTED, UserError
 from zero_kit.launch.ops import clock, flock_within, owner_record
-from zero_kit.train.options import EXIT_PREEMPTED
+from zero_kit.log import warn
 
 CLAIM = ".zero_kit_claim"
 CLAIM_ENV = "ZERO_KIT_CLAIM"
@@ -207,7 +206,7 @@ def take(output: Path, mine: Holder, wait_s: float = REQUEUE_WAIT_S) -> Claim:
             raise refusal(output, holder, now)
         if waited_since is None:
             waited_since = now
-            _say(f"requeued job {mine.job_id} (restart {mine.restart}): waiting up to {wait_s:.0f} s for its earlier "
+            warn(f"zero-kit train: requeued job {mine.job_id} (restart {mine.restart}): waiting up to {wait_s:.0f} s for its earlier "
                  f"run to let go of {output} ({holder.describe(now)})")  # fmt: skip
         elif now - waited_since >= wait_s:
             raise UserError(
@@ -252,7 +251,7 @@ def _try_take(output: Path, mine: Holder) -> tuple[Claim | None, Holder | None]:
     os.pwrite(fd, json.dumps({key: value for key, value in asdict(mine).items() if key != "beat"}).encode(), 0)
     os.fsync(fd)
     if holder is not None:
-        _say(f"took over {output} from a run that is gone ({holder.describe(time.time())})")
+        warn(f"zero-kit train: took over {output} from a run that is gone ({holder.describe(time.time())})")
     return Claim(path, fd, mine, created), None
 
 
@@ -300,6 +299,3 @@ def is_running(output: Path) -> Holder | None:
     holder = read(output / CLAIM)
     return holder if holder is not None and is_alive(holder, time.time()) else None
 
-
-def _say(line: str) -> None:
-    print(f"zero-kit train: {line}", file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ Checked, all problems collected and reported at once:
   with the planner's stated Assumptions (the run's; `zero-kit train` has no --assume, so the defaults) against
   psutil's total RAM. ZERO_KIT_HOST_MEM_BYTES overrides the RAM figure (what-if runs, tests).
 
-Everything else about the run was decided before, once, in `zero_kit.train.run.ResolvedRun`: this module only
+Everything else about the run was decided before, once, in `zero_kit.train.plan.RunPlan`: this module only
 asks the filesystem and the machine.
 """
 
@@ -30,7 +30,7 @@ from zero_kit.errors import UserError, existing_ancestor, raise_all, write_probe
 from zero_kit.metrics import GIB
 
 if TYPE_CHECKING:
-    from zero_kit.train.run import PlannerView, ResolvedRun
+    from zero_kit.train.plan import PlannerView
 
 HOST_MEM_ENV = "ZERO_KIT_HOST_MEM_BYTES"
 
@@ -145,11 +145,6 @@ def run_preflight(output: Path, view: PlannerView, nvme_dirs: tuple[tuple[str, s
     problems += check_nvme(nvme_dirs)
     problems += check_host_ram(view)
     raise_all(problems, "before training")
-
-
-def check_run(run: ResolvedRun) -> None:
-    """`run_preflight` for one rank of a resolved `zero-kit train` run."""
-    run_preflight(run.output, run.planner, run.nvme_dirs)
 
 
 _DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded", errno.EROFS: "read-only"}

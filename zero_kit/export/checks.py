@@ -1,4 +1,4 @@
-"""What an export checks before any library is loaded or any shard read (zero_kit.train.export): the checkpoint is a
+"""What an export checks before any library is loaded or any shard read (zero_kit.export.to_hf): the checkpoint is a
 complete zero-kit one, its model names no code of its own unless trusted, and the output directory is free to write
 (empty, an earlier export's, or --force). A mistake there costs the user a second, not an import of DeepSpeed."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from zero_kit.checkpoints import store
 from zero_kit.errors import UserError
-from zero_kit.train import checkpoint
 
 EXPORT_MARK = ".zero_kit_export"
 """In every directory an export wrote: a later export may replace it without --force."""
@@ -38,19 +38,19 @@ def check_export(checkpoint_dir: Path, out_dir: Path, *, force: bool = False, tr
 
 def live_run_checkpoint(given: Path) -> tuple[Path, str] | None:
     """`zero-kit export OUTPUT` while a run still trains into OUTPUT (it holds the output's claim,
-    zero_kit.train.claim): (its newest complete checkpoint, the line that says so). A checkpoint being written is
+    zero_kit.checkpoints.claim): (its newest complete checkpoint, the line that says so). A checkpoint being written is
     never picked: it is complete only once its manifest is there. None: not an output a live run holds."""
     import time
 
-    from zero_kit.train.claim import is_running
+    from zero_kit.checkpoints.claim import is_running
 
-    if checkpoint.checkpoint_step(given) is not None or not given.is_dir():
+    if store.checkpoint_step(given) is not None or not given.is_dir():
         return None
     holder = is_running(given)
     if holder is None:
         return None
     running = f"the run in {given} is still going ({holder.describe(time.time())})"
-    newest = checkpoint.newest_complete(given)
+    newest = store.newest_complete(given)
     if newest is None:
         raise UserError(f"{given}: {running} and has no complete checkpoint yet",
                         "export once it has saved one (every --save-steps, and at its end)")  # fmt: skip
@@ -60,7 +60,7 @@ def live_run_checkpoint(given: Path) -> tuple[Path, str] | None:
 def check_still_complete(ckpt: Path) -> None:
     """After an export of a live run's checkpoint: the run's rotation (--save-total-limit) did not delete it
     meanwhile (what was read would be partly missing)."""
-    if not checkpoint.is_complete(ckpt):
+    if not store.is_complete(ckpt):
         raise UserError(f"{ckpt}: the running job rotated it away while it was exported",
                         f"export again: the newest complete checkpoint in {ckpt.parent} is taken")  # fmt: skip
 
@@ -76,17 +76,17 @@ def _make_out_dir(out_dir: Path) -> None:
 
 
 def _run_info(checkpoint_dir: Path) -> dict:
-    if not checkpoint.is_complete(checkpoint_dir):
+    if not store.is_complete(checkpoint_dir):
         problem, fix = _not_a_checkpoint(checkpoint_dir)
         raise UserError(f"{checkpoint_dir}: {problem}", fix)
     from zero_kit.lint import Unreadable, read_config
 
-    path = checkpoint_dir / checkpoint.RUN_INFO
+    path = checkpoint_dir / store.RUN_INFO
     try:
         info, duplicates = read_config(path)
     except Unreadable as err:
         raise UserError(
-            f"{checkpoint_dir}: cannot read {err.where(checkpoint.RUN_INFO)} ({err})", "re-save the checkpoint"
+            f"{checkpoint_dir}: cannot read {err.where(store.RUN_INFO)} ({err})", "re-save the checkpoint"
         ) from None
     if duplicates:  # the record says how to rebuild the model: an ambiguous one must not pick silently
         lines = "\n".join("  " + str(p).replace("\n", "\n  ") for p in duplicates)
@@ -97,14 +97,14 @@ def _run_info(checkpoint_dir: Path) -> dict:
 def _not_a_checkpoint(given: Path) -> tuple[str, str]:
     """What is wrong with `given` and a fix that is true on this disk: the complete checkpoint to export instead,
     or how to get one."""
-    is_output = given.is_dir() and checkpoint.checkpoint_step(given) is None
+    is_output = given.is_dir() and store.checkpoint_step(given) is None
     output = given if is_output else given.parent
-    newest = checkpoint.newest_complete(output)
+    newest = store.newest_complete(output)
     if is_output:
         problem = "a training output, not a checkpoint" if newest else "holds no complete zero-kit checkpoint"
     elif given.is_dir():
         problem = (
-            f"incomplete checkpoint (no {checkpoint.MANIFEST} or files missing: a save cut short, or not zero-kit's)"
+            f"incomplete checkpoint (no {store.MANIFEST} or files missing: a save cut short, or not zero-kit's)"
         )
     else:
         problem = "no such checkpoint directory"

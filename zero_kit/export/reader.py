@@ -1,4 +1,4 @@
-"""A ZeRO checkpoint (stage 1-3) read as byte ranges of its files, for zero_kit.train.export.
+"""A ZeRO checkpoint (stage 1-3) read as byte ranges of its files, for zero_kit.export.to_hf.
 
 Nothing of the optimizer shards is read here: each shard is unpickled with map_location="meta" (weights_only, no
 code runs), which gives every flat fp32 partition's offset in its file, and every trained parameter becomes a

@@ -22,15 +22,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from zero_kit.dist import gpu_host, under_launcher
 from zero_kit.errors import UserError
+from zero_kit.log import warn
 from zero_kit.metrics import GIB
+from zero_kit.train.guards.preflight import HOST_MEM_ENV, host_mem_bytes
 from zero_kit.train.options import TrainOptions
-from zero_kit.train.preflight import HOST_MEM_ENV, host_mem_bytes
 
 WARN_FRACTION = 0.9
 CPU_RANK_BASELINE_GIB = 0.9
@@ -125,7 +124,7 @@ def check_length(opts: TrainOptions) -> str | None:
 
 
 def rank_peak(view, on_gpu: bool) -> int:
-    """The planner's peak per rank of `view` (a `zero_kit.train.run.PlannerView`): on a GPU its total per GPU
+    """The planner's peak per rank of `view` (a `zero_kit.train.plan.PlannerView`): on a GPU its total per GPU
     (states, activations, buffers, CUDA context, allocator slack), as `zero-kit plan` prints it; on the CPU the
     same states, activations and buffers in host RAM, without the CUDA context and the caching allocator's slack,
     plus a CPU rank's baseline (CPU_RANK_BASELINE_GIB), one layer's attention scores (CPU_SCORE_BYTES) and any
@@ -271,35 +270,29 @@ def judge(view, opts: TrainOptions, on_gpu: bool, available: int, where: str) ->
     return None
 
 
-def cpu_view(opts: TrainOptions, environ: dict[str, str]):
-    """The planner's view of a CPU run of `opts` with the ranks on this host, or None when not a CPU run, a
-    hostfile run (other hosts' RAM is not ours to read), or --no-memory-check."""
-    from zero_kit.train.run import Machine, resolve_run
-
-    if not opts.memory_check or opts.hostfile or gpu_host():  # GPU ranks check their own memory
+def cpu_view(plan):
+    """The planner's view of a CPU run with the ranks on this host, or None when not a CPU run, a hostfile run
+    (other hosts' RAM is not ours to read), or --no-memory-check."""
+    opts = plan.options
+    if not opts.memory_check or opts.hostfile or plan.on_gpu:  # GPU ranks check their own memory
         return None
-    if under_launcher(environ):
-        world = int(environ["WORLD_SIZE"])
-        local = int(environ.get("LOCAL_WORLD_SIZE") or environ.get("LOCAL_SIZE") or world)
-    else:
-        world = local = opts.nproc or 1
-    # the same resolution the ranks make (a --ds-config file's batch, stage and offload included), on the CPU
-    return resolve_run(opts, Machine("cpu", "gloo", 0, world, local, False)).planner
+    return plan.planner()
 
 
-def check_gpu_memory(run) -> str | None:
-    """The GPU check of one rank (`run`: its ResolvedRun), before the model is built: its GPU's free memory."""
-    if not run.options.memory_check or not run.machine.on_gpu:
+def check_gpu_memory(plan, view, device: str) -> str | None:
+    """The GPU check of one rank (`view`: its plan's planner view), before the model is built: its GPU's free
+    memory."""
+    if not plan.options.memory_check or not plan.on_gpu:
         return None
     import torch
 
     free, _ = torch.cuda.mem_get_info()
-    return judge(run.planner, run.options, True, free, f"free on {run.machine.device}")
+    return judge(view, plan.options, True, free, f"free on {device}")
 
 
 def say(line: str | None) -> None:
     if line:
-        print(f"zero-kit train: {line}", file=sys.stderr, flush=True)
+        warn(f"zero-kit train: {line}")
 
 
 def plan_and_fix(view, opts: TrainOptions, on_gpu: bool) -> tuple[int, str]:
@@ -318,14 +311,15 @@ def memory_note(view, opts: TrainOptions, on_gpu: bool) -> str:
     return f"planned peak {_gib(per_rank)} per rank; fix: {flags}"
 
 
-def before_launch(opts: TrainOptions, environ: dict[str, str], speak: bool) -> str | None:
-    """The checks of a run before any rank starts, in the process that starts them: RoPE scaling's warning and
-    the host memory check (refusal or warning). Returns the memory note for a rank the kernel kills later, or
-    None when the memory is not this process's to check."""
+def before_launch(plan, speak: bool) -> str | None:
+    """The checks of a run (`plan`: its RunPlan) before any rank starts, in the process that starts them: RoPE
+    scaling's warning and the host memory check (refusal or warning). Returns the memory note for a rank the kernel
+    kills later, or None when the memory is not this process's to check."""
+    opts = plan.options
     warning = check_length(opts)
     if speak:
         say(warning)
-    view = cpu_view(opts, environ)
+    view = cpu_view(plan)
     if view is None:
         return None
     line = judge(view, opts, False, *available_host_bytes(view.ranks_per_node))
