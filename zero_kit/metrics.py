@@ -36,6 +36,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 GIB = 2**30
+
+
+def gib(value: float, digits: int = 1, unit: bool = True) -> str:
+    """Bytes as GiB, the one formatter: "12.3 GiB" (`digits` decimals; `unit` False: the number alone)."""
+    return f"{value / GIB:.{digits}f}" + (" GiB" if unit else "")
 """Bytes in a GiB: the one definition (plan, preflight and every report divide by it)."""
 
 # Dense peak FLOP/s per device (vendor spec sheets, no sparsity), by precision. Matched by substring of

@@ -28,6 +28,9 @@ TINY_DEFAULTS = dict(
     rms_norm_eps=1e-5,
     tie_word_embeddings=False,
 )
+TINY_VOCAB = 1823
+"""The embedded tokenizer's size, the embedded model's vocabulary: read without loading the tokenizer (a run's plan is
+made before torch or transformers is imported); tests/unit/test_train_run.py checks it against the tokenizer."""
 # The same families as plan.shapes.SUPPORTED_MODEL_TYPES (tests/unit/test_families.py keeps them equal).
 LLAMA_STYLE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
 # LoRA's default targets: the attention projections, as each family names them (Phi-3 fuses q, k, v in qkv_proj).

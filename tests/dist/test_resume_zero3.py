@@ -36,6 +36,14 @@ def uninterrupted(tmp_path_factory) -> Path:
     return zero3_reference(tmp_path_factory)
 
 
+def test_the_ranks_run_their_parents_plan(uninterrupted):
+    """The reference run's ranks fail if they resolve sizes, stage or plan themselves (tests/dist/probe,
+    ZERO_KIT_PROBE_NO_REPLAN): it finished, and its record holds the parent's plan."""
+    record = json.loads((uninterrupted / "run" / "zero_kit_run.json").read_text())
+    assert (record["world_size"], record["zero_stage"], record["precision"]) == (2, 3, "fp32")
+    assert "a rank resolved its run again" not in (uninterrupted / "output.txt").read_text()
+
+
 def test_start_up_is_recorded_by_stage_with_threads_per_rank(uninterrupted):
     """The relaunch's ranks get cores / local ranks threads from zero-kit (accelerate neither sets its own nor warns),
     and rank 0 records the time to first step by stage, printed once."""

@@ -8,8 +8,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[2] / "zero_kit"
 # Bottom to top: a unit may import units of its own layer or below, never above (cli and commands are the edge).
 LAYERS = [

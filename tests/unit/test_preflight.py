@@ -29,7 +29,8 @@ def _options(tmp_path: Path, **changes) -> TrainOptions:
 def _check(opts: TrainOptions, ds_config: dict | None = None, *, local_ranks: int = 2) -> None:
     """Preflight of a run of `opts` on one node of `local_ranks` CPU ranks whose DeepSpeed dict is `ds_config`."""
     config = ds_config or {"zero_optimization": {"stage": 3}}
-    view = planner_view(config, workload_of(opts, "fp32"), local_ranks, 1)
+    stage = config.get("zero_optimization", {}).get("stage", 0)
+    view = planner_view(config, workload_of(opts, "fp32"), stage, local_ranks, 1)
     preflight.run_preflight(Path(opts.output), view, nvme_dirs(config, from_file=opts.ds_config is not None))
 
 
@@ -71,7 +72,7 @@ def test_disk_too_full_for_a_checkpoint_names_both_sizes(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**9, 10**9 - 10**6, 10**6))
     with pytest.raises(UserError) as err:
         _check(_options(tmp_path))
-    need, _ = preflight.checkpoint_bytes(model_shape(None).n_params, "fp32")
+    need, _ = preflight.checkpoint_bytes(model_shape(TrainOptions()).n_params, "fp32")
     message = err.value.message
     assert "0.00 GiB free" in message and f"{need / 2**30:.2f} GiB" in message and "Ψ = " in message
     assert "free" in err.value.fix and "--output" in err.value.fix
@@ -185,7 +186,7 @@ def test_host_ram_estimate_uses_the_planners_assumptions(tmp_path, monkeypatch):
     config = {
         "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
     }
-    view = planner_view(config, workload_of(_options(tmp_path), "fp32"), 2, 1)
+    view = planner_view(config, workload_of(_options(tmp_path), "fp32"), 3, 2, 1)
     assert view.assume == Assumptions()
     with pytest.raises(UserError, match=r"baseline per rank 4.00 GiB \(2 x 2 GiB\)"):
         preflight.run_preflight(tmp_path / "out", view)

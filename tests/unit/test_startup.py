@@ -50,10 +50,13 @@ def test_each_stage_runs_from_the_end_of_the_one_before():
 def test_each_mark_records_resident_and_private_memory():
     """Private (anonymous) bytes apart from the resident total: the rest is shared file pages (libraries, the
     memory-mapped data), one copy on the host for every rank."""
-    clock = StartupClock(command=100.0, process=100.0)
+    clock = StartupClock(command=100.0, process=100.0, memory=True)
     clock.mark("imports")
     record = clock.record()
     assert 0 < record["private_mib_after"]["imports"] < record["rss_mib_after"]["imports"]
+    quiet = StartupClock(command=100.0, process=100.0)  # off the product path unless a study asks (MEMORY_ENV)
+    quiet.mark("imports")
+    assert quiet.record()["rss_mib_after"] == {} and quiet.record()["peak_rss_mib"] > 0
 
 
 def test_a_relaunchs_ranks_continue_the_parents_clock(monkeypatch):

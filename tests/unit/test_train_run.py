@@ -197,3 +197,18 @@ def test_torch_adam_keeps_a_users_foreach_or_fused_choice():
         params = with_torch_adam({"type": "AdamW", "params": {"lr": 1e-3, **choice}})["params"]
         assert params == {"torch_adam": True, "lr": 1e-3, **choice}  # torch refuses foreach and fused together
     assert with_torch_adam({"type": "Lion", "params": {}}) == {"type": "Lion", "params": {}}
+
+
+def test_the_models_shape_is_read_as_transformers_reads_it(tmp_path):
+    """The plan reads config.json without transformers (its refusals come in a second); the shape is AutoConfig's."""
+    from zero_kit.model import TINY_VOCAB, build_config, load_tokenizer, tiny_llama_config
+    from zero_kit.plan.shapes import shape_from_hf_config
+    from zero_kit.train.plan import model_shape
+
+    assert len(load_tokenizer(None)) == TINY_VOCAB
+    assert model_shape(TrainOptions()) == shape_from_hf_config(build_config(None).to_dict())
+    model = tmp_path / "m"
+    model.mkdir()
+    full = tiny_llama_config(vocab_size=512).to_dict()
+    (model / "config.json").write_text(json.dumps({k: v for k, v in full.items() if k != "num_key_value_heads"}))
+    assert model_shape(TrainOptions(model=str(model))) == shape_from_hf_config(build_config(str(model)).to_dict())

@@ -27,42 +27,6 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-class AnonPeak:
-    """Peak anonymous RSS (RssAnon in /proc/self/status, sampled every 5 ms in a thread) while in the block.
-
-    ru_maxrss also counts the page cache of the mmapped ZeRO shards, which the kernel can drop at will;
-    anonymous memory is what the export really holds. Linux only (0 elsewhere)."""
-
-    def __enter__(self) -> AnonPeak:
-        import threading
-
-        self.peak_mib = self.start_mib = _rss_anon_mib()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-        return self
-
-    def _watch(self) -> None:
-        while not self._stop.wait(0.005):
-            self.peak_mib = max(self.peak_mib, _rss_anon_mib())
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak_mib = max(self.peak_mib, _rss_anon_mib())
-
-
-def _rss_anon_mib() -> float:
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 def export_checkpoint(
     checkpoint_dir: Path,
     out_dir: Path,

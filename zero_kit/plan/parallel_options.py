@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from zero_kit.errors import UserError
+from zero_kit.metrics import gib
 from zero_kit.plan.memory import Hardware, Option, _state_terms, _sum, buffer_terms, host_terms
 from zero_kit.plan.parallel import (
     Layout,
@@ -169,7 +170,7 @@ def layout_reasons(best: Option, options: list[Option], work: Workload, hardware
     if best.layout is not None and not flat:
         lines.append(
             f"No data-parallel option fits alone; {best.label} fits by splitting the model itself"
-            f" ({_gib(best.gpu_bytes()['total'])} per GPU)."
+            f" ({gib(best.gpu_bytes()['total'])} per GPU)."
         )
     elif best.layout is None:
         fitting = [o for o in layouts if o.fits]
@@ -198,10 +199,10 @@ def _tp_reason(option: Option, hardware: Hardware) -> str:
         else "across nodes: every layer waits on the network"
     )
     tp_bytes = sum(c.ring_bytes for c in (option.timing.comms if option.timing else []) if c.collective.group == "tp")
-    sent = f", {_gib(tp_bytes)} per GPU per step in 7 all-reduces per layer and micro batch" if tp_bytes else ""
+    sent = f", {gib(tp_bytes)} per GPU per step in 7 all-reduces per layer and micro batch" if tp_bytes else ""
     return (
         f"{option.label}: tensor parallel over {layout.tp} GPUs {where}; it divides the block weights' states by"
-        f" {layout.tp} ({_gib(option.gpu_bytes()['model_states'])} of states per GPU){sent}."
+        f" {layout.tp} ({gib(option.gpu_bytes()['model_states'])} of states per GPU){sent}."
     )
 
 
@@ -215,16 +216,12 @@ def _pp_reason(option: Option, best: Option, hardware: Hardware) -> str:
         if layout.micro_batches < wanted
         else f"at least 4 x {layout.pp} stages"
     )
-    versus = f" against {_gib(best.inter_node_bytes_per_node)} for {best.label}" if best is not option else ""
+    versus = f" against {gib(best.inter_node_bytes_per_node)} for {best.label}" if best is not option else ""
     return (
         f"{option.label}: {layout.pp} pipeline stages send only activations between stages"
-        f" ({_gib(option.inter_node_bytes_per_node)} per node per step between nodes{versus}), but with"
+        f" ({gib(option.inter_node_bytes_per_node)} per node per step between nodes{versus}), but with"
         f" {layout.micro_batches} micro batches per step ({verdict}) the bubble idles (p-1)/(m+p-1) ="
         f" {bubble:.0%} of every step."
     )
 
 
-def _gib(value: float) -> str:
-    from zero_kit.metrics import GIB
-
-    return f"{value / GIB:.1f} GiB"

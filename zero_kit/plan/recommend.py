@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from zero_kit.metrics import GIB
+from zero_kit.metrics import gib
 from zero_kit.plan.memory import Hardware, Option, Workload, evaluate_all
 from zero_kit.plan.parallel import Layout
 from zero_kit.plan.parallel_options import default_layouts, evaluate_layout, layout_reasons, layout_step_time
@@ -99,8 +99,6 @@ def _time_reason(best: Option, options: list[Option]) -> str:
     )
 
 
-def gib(value: int | float) -> str:
-    return f"{value / GIB:.1f} GiB"
 
 
 def _by_label(options: list[Option]) -> dict[str, Option]:

@@ -6,15 +6,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from zero_kit.metrics import GIB
+from zero_kit.metrics import gib
 from zero_kit.plan.assumptions import describe
 from zero_kit.plan.memory import Option
 from zero_kit.plan.recommend import Plan
 from zero_kit.plan.timing import TERMS
-
-
-def _gib(value: int) -> str:
-    return f"{value / GIB:.1f}"
 
 
 def render_text(plan: Plan, label: str) -> str:
@@ -27,9 +23,9 @@ def render_text(plan: Plan, label: str) -> str:
         f" I={s.intermediate_size}, V={s.vocab_size})",
         f"run: {w.precision}, {tuning}, seq {w.seq_len} x micro batch {w.micro_batch}, activation checkpointing "
         + ("on" if w.activation_checkpointing else "off"),
-        f"hardware: {hw.nodes} node(s) x {hw.gpus_per_node} GPU(s) = {hw.world_size} ranks, {_gib(hw.gpu_mem)} GiB"
-        f" per GPU, {_gib(hw.usable_gpu_mem)} GiB usable ({hw.margin:.0%} margin), host RAM "
-        + (f"{_gib(hw.host_mem)} GiB per node" if hw.host_mem else "not given (unchecked)"),
+        f"hardware: {hw.nodes} node(s) x {hw.gpus_per_node} GPU(s) = {hw.world_size} ranks, {gib(hw.gpu_mem)}"
+        f" per GPU, {gib(hw.usable_gpu_mem)} usable ({hw.margin:.0%} margin), host RAM "
+        + (f"{gib(hw.host_mem)} per node" if hw.host_mem else "not given (unchecked)"),
         "",
         f"{'option':<26}{'fits':<6}{'states':>8}{'activ.':>8}{'buffers':>9}{'total':>8}{'host':>8}{'sent':>8}"
         f"{'inter':>8}  model states formula (per GPU)",
@@ -39,9 +35,9 @@ def render_text(plan: Plan, label: str) -> str:
         fits = "yes" if o.fits else ("host" if o.fits_gpu else "no")
         mark = "*" if o is plan.recommended else " "
         lines.append(
-            f"{mark}{o.label:<25}{fits:<6}{_gib(g['model_states']):>8}{_gib(g['activations']):>8}"
-            f"{_gib(g['buffers']):>9}{_gib(g['total']):>8}{_gib(o.host_bytes):>8}{_gib(o.comm_bytes_per_step):>8}"
-            f"{_gib(o.inter_node_bytes_per_node):>8}  {o.states_formula}"
+            f"{mark}{o.label:<25}{fits:<6}{gib(g['model_states'], unit=False):>8}{gib(g['activations'], unit=False):>8}"
+            f"{gib(g['buffers'], unit=False):>9}{gib(g['total'], unit=False):>8}{gib(o.host_bytes, unit=False):>8}{gib(o.comm_bytes_per_step, unit=False):>8}"
+            f"{gib(o.inter_node_bytes_per_node, unit=False):>8}  {o.states_formula}"
         )
     lines.append(
         "GiB per GPU; host = RAM per node; sent = bytes each rank sends per step; inter = ring bytes each node sends"
@@ -90,8 +86,8 @@ def breakdown(option: Option) -> list[str]:
     groups = (("model states", option.states), ("activations", option.activations), ("buffers", option.buffers))
     for group, terms in (*groups, ("host RAM per node", option.host)):
         for name, (value, formula) in terms.items():
-            lines.append(f"  {group + ': ' + name:<56}{_gib(value):>8}  {formula}")
-    lines.append(f"  {'total per GPU':<56}{_gib(option.gpu_bytes()['total']):>8}")
+            lines.append(f"  {group + ': ' + name:<56}{gib(value, unit=False):>8}  {formula}")
+    lines.append(f"  {'total per GPU':<56}{gib(option.gpu_bytes()['total'], unit=False):>8}")
     lines.append(
         "  assumed: SDPA/flash attention (no s² scores kept), logits upcast to fp32 for the loss, AdamW with fp32"
         " states, DeepSpeed 0.19.8 buffers; the constants below are stated, not measured"

@@ -56,13 +56,13 @@ def _start(opts: TrainOptions, environ: dict[str, str], claim_token: str | None)
     speak = environ.get("RANK", "0") == "0"
     opts = resume.continue_requeued_job(opts, environ, speak)  # Slurm requeued the job: never start over
     clock = startup.StartupClock()  # time to first step, by stage; a relaunch's ranks go on from its marks
-    # tokenized once, before any launcher, process group or op build: a relaunch's ranks find it ready. Before the
-    # plan, whose model config and lint take 2-3 s of imports: a bad row is said in a fraction of a second, and
-    # the preparation is cached for the next run if this one is refused.
-    prepared = rundata.prepare(opts, speak)
-    clock.mark("prepare")
+    # the run's one plan, torch-free (a --ds-config file is linted here), and whether the checkpoint it would
+    # continue fits it: a refusal in the command's first seconds, before any data is tokenized
     plan = plan_run(opts, environ, this_host(), claim_token=claim_token)
-    resume.check_resume(plan, speak)  # before any rank starts: the checkpoint fits this run, or one error
+    resume.check_resume(plan, speak)
+    # tokenized once, before any launcher, process group or op build: a relaunch's ranks find it ready
+    prepared = rundata.prepare(plan.options, speak)
+    clock.mark("prepare")
     if speak and plan.resume_from is not None:
         _warn_if_foreign(Path(plan.resume_from))  # its pickles are loaded with weights_only=False by DeepSpeed
         resume.announce_changes(plan.options, Path(plan.resume_from), str(prepared.train.path))

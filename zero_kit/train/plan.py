@@ -120,8 +120,8 @@ class RunPlan:
 
     def planner(self, shape: LlamaShape | None = None) -> PlannerView:
         """The run in the planner's words (`shape`: the model's, when it was read already)."""
-        return planner_view(self.ds_config, workload_of(self.options, self.precision, shape), self.ranks_per_node,
-                            self.nodes)
+        work = workload_of(self.options, self.precision, shape)
+        return planner_view(self.ds_config, work, self.zero_stage, self.ranks_per_node, self.nodes)
 
     def to_env(self) -> dict[str, str]:
         return {PLAN_ENV: json.dumps(dataclasses.asdict(self))}
@@ -288,17 +288,49 @@ def zero_stage_of(ds_config: dict) -> int:
     return int(zero.get("stage", 0)) if isinstance(zero, dict) else 0
 
 
-def model_shape(model_dir: str | None, trust_remote_code: bool = False):
-    """The LlamaShape of --model (or of the embedded default), from its config only: no weights are read."""
-    from zero_kit.model import build_config
+def model_config_dict(opts: TrainOptions) -> dict | None:
+    """--model's config.json as a dict (the embedded model's constants for None), read without transformers; None
+    when it cannot be read (the input checks name that problem)."""
+    from zero_kit.model import TINY_DEFAULTS, TINY_VOCAB, hub_config_file, hub_id
+
+    if opts.model is None:
+        return {**TINY_DEFAULTS, "vocab_size": TINY_VOCAB}
+    path = Path(opts.model) / "config.json"
+    repo = hub_id(opts.model)
+    if repo is not None:
+        try:
+            path = hub_config_file(repo, download=False)
+        except UserError:  # not in the cache: the model check says so, once
+            return None
+        if path is None:
+            return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def model_shape(opts: TrainOptions) -> LlamaShape:
+    """The LlamaShape of --model (or of the embedded default), from its config only: no weights are read. From
+    config.json as it is, in a fraction of a second; a config that leaves a size to its class's defaults (or names
+    code of its own) through transformers' AutoConfig."""
     from zero_kit.plan.shapes import shape_from_hf_config
 
-    return shape_from_hf_config(build_config(model_dir, trust_remote_code=trust_remote_code).to_dict())
+    config = None if opts.trust_remote_code else model_config_dict(opts)
+    if config is not None:
+        try:
+            return shape_from_hf_config(config)
+        except (KeyError, TypeError):
+            pass
+    from zero_kit.model import build_config
+
+    return shape_from_hf_config(build_config(opts.model, trust_remote_code=opts.trust_remote_code).to_dict())
 
 
 def workload_of(opts: TrainOptions, precision: str, shape: LlamaShape | None = None) -> Workload:
     """What the run trains, as the planner's Workload (`shape`: the model's, when it was read already)."""
-    shape = shape or model_shape(opts.model, opts.trust_remote_code)
+    shape = shape or model_shape(opts)
     return Workload(
         shape=shape,
         n_params=shape.n_params,
@@ -320,10 +352,10 @@ def _offload_devices(ds_config: dict) -> dict[str, tuple[str, str | None]]:
     return found
 
 
-def planner_view(ds_config: dict, workload: Workload, ranks_per_node: int, nodes: int) -> PlannerView:
-    """The DeepSpeed dict's stage and CPU offload in the planner's words, on `nodes` of `ranks_per_node` ranks."""
+def planner_view(ds_config: dict, workload: Workload, stage: int, ranks_per_node: int, nodes: int) -> PlannerView:
+    """The run's ZeRO `stage` and the DeepSpeed dict's CPU offload in the planner's words, on `nodes` of
+    `ranks_per_node` ranks."""
     devices = {key: device for key, (device, _) in _offload_devices(ds_config).items()}
-    stage = zero_stage_of(ds_config)
     offload = "none"
     if devices.get("offload_optimizer") == "cpu":
         both = devices.get("offload_param") == "cpu" and stage == 3  # parameters offload only under ZeRO-3

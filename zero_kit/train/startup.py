@@ -32,6 +32,9 @@ STARTED_ENV = "ZERO_KIT_STARTED"
 """Epoch seconds the command started at: set by a relaunching parent for its ranks."""
 PREPARED_ENV = "ZERO_KIT_PREPARED"
 """Epoch seconds the relaunching parent's data preparation ended at."""
+MEMORY_ENV = "ZERO_KIT_STARTUP_MEMORY"
+"""Set to 1, each stage's end also records the rank's resident and private memory (the studies that need it set it:
+benchmarks/data_scale, benchmarks/startup); off, the record keeps only the kernel's peak, read once."""
 STAGES = ("prepare", "launch", "imports", "rendezvous", "model", "data", "engine", "first_step")
 
 
@@ -75,11 +78,12 @@ def _epoch(text: str) -> float | None:
 class StartupClock:
     """Stage boundaries as wall-clock times; `mark(stage)` closes `stage`."""
 
-    def __init__(self, command: float | None = None, process: float | None = None):
+    def __init__(self, command: float | None = None, process: float | None = None, memory: bool | None = None):
         self.command = command_start() if command is None else command
         parent = _epoch(os.environ.get(PREPARED_ENV, "")) if command is None else None
         self.marks: list[tuple[str, float]] = [("prepare", parent)] if parent is not None else []
         self.marks.append(("launch", process_start() if process is None else process))
+        self.memory = os.environ.get(MEMORY_ENV) == "1" if memory is None else memory
         self.rss: dict[str, int] = {}
         """Resident bytes of this process at the end of each stage: the data stage's growth is the data's cost."""
         self.private: dict[str, int] = {}
@@ -87,12 +91,14 @@ class StartupClock:
         process mapping the same file shares, one copy in the host's page cache."""
 
     def mark(self, stage: str) -> None:
-        import psutil
-
         if stage not in STAGES:
             raise ValueError(f"unknown start-up stage {stage!r}; choose from {STAGES}")
         if stage not in self.done():
             self.marks.append((stage, time.time()))
+            if not self.memory:
+                return
+            import psutil
+
             memory = psutil.Process().memory_info()
             self.rss[stage] = memory.rss
             if hasattr(memory, "shared"):  # Linux: resident file and shared-memory pages (statm), the rest is RssAnon

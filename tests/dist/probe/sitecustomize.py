@@ -38,3 +38,16 @@ if os.environ.get("ZERO_KIT_PROBE_LOGITS"):
         return trainer, preemption
 
     job._trainer = _trainer_with_probe
+
+# ZERO_KIT_PROBE_NO_REPLAN=1: in a rank its starting process launched (the plan is in its environment), every
+# function that resolves a run's sizes, stage or plan fails the rank: the ranks must run the plan they were given.
+if os.environ.get("ZERO_KIT_PROBE_NO_REPLAN") and os.environ.get("ZERO_KIT_PLAN"):
+    import zero_kit.dist as _dist
+    import zero_kit.train.plan as _plan
+
+    def _replanned(*args, **kwargs):
+        raise AssertionError("a rank resolved its run again instead of running its parent's plan")
+
+    for _name in ("plan_run", "launch_sizes", "zero_stage_of", "world_size_from_env", "this_host"):
+        setattr(_plan, _name, _replanned)
+    _dist.world_size_from_env = _replanned

@@ -20,16 +20,15 @@ The planner's figure is also what a rank killed for memory is compared with (`me
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from zero_kit.errors import UserError
 from zero_kit.log import warn
-from zero_kit.metrics import GIB
+from zero_kit.metrics import GIB, gib
 from zero_kit.train.guards.preflight import HOST_MEM_ENV, host_mem_bytes
 from zero_kit.train.options import TrainOptions
+from zero_kit.train.plan import model_config_dict
 
 WARN_FRACTION = 0.9
 CPU_RANK_BASELINE_GIB = 0.9
@@ -47,34 +46,9 @@ where a GPU's flash kernels hold none)."""
 """A planned peak above this fraction of the limit is said as a warning: the plan is an estimate, not a bound."""
 
 
-def _gib(value: float) -> str:
-    return f"{value / GIB:.2f} GiB"
 
 
 # --- the sequence against the model ------------------------------------------------------------------------------
-
-
-def model_config_dict(opts: TrainOptions) -> dict | None:
-    """--model's config.json as a dict (the embedded model's constants for None); None when it cannot be read
-    (the input checks name that problem)."""
-    from zero_kit.model import TINY_DEFAULTS, hub_config_file, hub_id
-
-    if opts.model is None:
-        return dict(TINY_DEFAULTS)
-    path = Path(opts.model) / "config.json"
-    repo = hub_id(opts.model)
-    if repo is not None:
-        try:
-            path = hub_config_file(repo, download=False)
-        except UserError:  # not in the cache: the model check says so, once
-            return None
-        if path is None:
-            return None
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return config if isinstance(config, dict) else None
 
 
 def positions(config: dict) -> tuple[int | None, int | None, str]:
@@ -237,7 +211,7 @@ def available_host_bytes(ranks: int) -> tuple[int, str]:
         usable = max(cap - int(ADDRESS_SPACE_OVERHEAD_GIB * GIB), 0)
         if usable * ranks < have:
             have = usable * ranks
-            where = (f"RLIMIT_AS (ulimit -v) {_gib(cap)} per rank, less {ADDRESS_SPACE_OVERHEAD_GIB:g} GiB a rank maps"
+            where = (f"RLIMIT_AS (ulimit -v) {gib(cap, 2)} per rank, less {ADDRESS_SPACE_OVERHEAD_GIB:g} GiB a rank maps"
                      f" beyond what it holds, x {ranks}")  # fmt: skip
     return have, where
 
@@ -249,7 +223,7 @@ def judge(view, opts: TrainOptions, on_gpu: bool, available: int, where: str) ->
     per_rank = rank_peak(view, on_gpu)
     need = per_rank * ranks
     unit = "per GPU" if on_gpu else f"per rank x {ranks} rank(s) on this host"
-    said = f"planned peak {_gib(per_rank)} {unit} = {_gib(need)} vs {_gib(available)} {where}"
+    said = f"planned peak {gib(per_rank, 2)} {unit} = {gib(need, 2)} vs {gib(available, 2)} {where}"
     if need > available:
         fix = cheapest_fix(view, opts, on_gpu, int(available * WARN_FRACTION)) or cheapest_fix(
             view, opts, on_gpu, available
@@ -259,7 +233,7 @@ def judge(view, opts: TrainOptions, on_gpu: bool, available: int, where: str) ->
             f"{view.offload}, activation checkpointing {'on' if view.workload.activation_checkpointing else 'off'}"
         )
         advice = (
-            f"add {' '.join(fix[0].flags)} (planned {_gib(fix[1])}); or --no-memory-check to run anyway"
+            f"add {' '.join(fix[0].flags)} (planned {gib(fix[1], 2)}); or --no-memory-check to run anyway"
             if fix
             else "no flag set the planner tried fits: use a shorter --max-length, a larger machine, or"
             " --no-memory-check to run anyway"
@@ -308,7 +282,7 @@ def plan_and_fix(view, opts: TrainOptions, on_gpu: bool) -> tuple[int, str]:
 def memory_note(view, opts: TrainOptions, on_gpu: bool) -> str:
     """`plan_and_fix` as the supervisor says it beside a rank killed by SIGKILL."""
     per_rank, flags = plan_and_fix(view, opts, on_gpu)
-    return f"planned peak {_gib(per_rank)} per rank; fix: {flags}"
+    return f"planned peak {gib(per_rank, 2)} per rank; fix: {flags}"
 
 
 def before_launch(plan, speak: bool) -> str | None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from zero_kit.errors import UserError, existing_ancestor, raise_all, write_probe
-from zero_kit.metrics import GIB
+from zero_kit.metrics import GIB, gib
 
 if TYPE_CHECKING:
     from zero_kit.train.plan import PlannerView
@@ -35,8 +35,6 @@ if TYPE_CHECKING:
 HOST_MEM_ENV = "ZERO_KIT_HOST_MEM_BYTES"
 
 
-def _gib(value: int) -> str:
-    return f"{value / GIB:.2f} GiB"
 
 
 def check_writable_dir(path: Path, flag: str, *, create: bool) -> list[UserError]:
@@ -68,8 +66,8 @@ def check_free_space(path: Path, need_bytes: int, what: str, flag: str) -> list[
         return []
     return [
         UserError(
-            f"{flag} {path}: {_gib(free)} free on its filesystem, a checkpoint needs about {_gib(need_bytes)} ({what})",
-            f"free {_gib(need_bytes - free)} or more there, or choose an {flag} on a larger disk",
+            f"{flag} {path}: {gib(free, 2)} free on its filesystem, a checkpoint needs about {gib(need_bytes, 2)} ({what})",
+            f"free {gib(need_bytes - free, 2)} or more there, or choose an {flag} on a larger disk",
         )
     ]
 
@@ -123,11 +121,11 @@ def check_host_ram(view: PlannerView) -> list[UserError]:
     need, have = sum(v for v, _ in terms.values()), host_mem_bytes()
     if need <= have:
         return []
-    detail = "; ".join(f"{name} {_gib(value)} ({formula})" for name, (value, formula) in terms.items())
+    detail = "; ".join(f"{name} {gib(value, 2)} ({formula})" for name, (value, formula) in terms.items())
     return [
         UserError(
-            f"offload_optimizer=cpu ({view.strategy}, {view.offload} offload): host RAM {_gib(have)} < about"
-            f" {_gib(need)} needed per node by {ranks} rank(s) [{detail}]",
+            f"offload_optimizer=cpu ({view.strategy}, {view.offload} offload): host RAM {gib(have, 2)} < about"
+            f" {gib(need, 2)} needed per node by {ranks} rank(s) [{detail}]",
             "offload to nvme (--offload-optimizer nvme --nvme-path DIR), use fewer ranks per node, or a host with"
             " more RAM (`zero-kit plan --host-mem` shows what fits)",
         )
@@ -182,7 +180,7 @@ def disk_errors_as_user_errors(output: Path) -> Iterator[None]:
             raise
         free = shutil.disk_usage(existing_ancestor(output)).free
         raise UserError(
-            f"--output {output}: writing a checkpoint failed, {reason} ({_gib(free)} free): {str(err)[:200]}",
+            f"--output {output}: writing a checkpoint failed, {reason} ({gib(free, 2)} free): {str(err)[:200]}",
             "free space (or fix the mount) and relaunch with --resume auto: it continues from the last complete"
             " checkpoint",
         ) from err
