@@ -22,11 +22,6 @@ from zero_kit.model import load_tokenizer
 KINDS = ["jsonl", "json", "csv", "parquet", "dataset-dir"]
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(None)
-
-
 def bundled_rows(fmt: str, count: int = 12) -> list[dict]:
     with open(default_data_path(fmt), encoding="utf-8") as handle:
         return [json.loads(line) for line in handle][:count]

@@ -9,7 +9,6 @@ import pytest
 
 from zero_kit.data.dataset import load_dataset_rows, tokenize_dataset
 from zero_kit.errors import UserError
-from zero_kit.model import load_tokenizer
 
 GOOD = {"instruction": "Explain ZeRO.", "input": "", "output": "It shards training state."}
 BAD_ROWS = {  # reason -> (a bad alpaca row, words the error must contain)
@@ -22,11 +21,6 @@ BAD_CHAT = {
     "wrong_type": ({"messages": [{"role": "robot", "content": "beep"}]}, "message 1 needs a 'role'"),
     "empty": ({"messages": [{"role": "user", "content": "hi"}]}, "no non-empty assistant message"),
 }
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(None)
 
 
 def write_jsonl(path, rows, blank_lines_before: int = 0) -> str:

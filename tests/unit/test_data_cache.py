@@ -12,23 +12,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.support.jobs import env
 from tests.support.mistakes import answer, assert_refused
 from zero_kit.data import cache
 from zero_kit.data.cache import DataSpec, cache_key, prepared
 from zero_kit.data.dataset import default_data_path, load_dataset_rows, tokenize_dataset
 from zero_kit.data.pipeline import Split
-from zero_kit.model import ASSET_TOKENIZER, load_tokenizer
+from zero_kit.model import ASSET_TOKENIZER
 
 WORKER = Path(__file__).with_name("data_cache_worker.py")
 ROW = {"instruction": "say hi", "input": "", "output": "hi there"}
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(None)
 
 
 def _data(path: Path, rows: int = 40) -> str:

@@ -6,14 +6,9 @@ import pytest
 import torch
 
 from zero_kit.data.dataset import IGNORE_INDEX, collate, load_dataset_rows, tokenize_dataset
-from zero_kit.model import load_model, load_tokenizer
+from zero_kit.model import load_model
 
 MAX_LENGTH = 128
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(None)
 
 
 def segments(position_ids: list[int]) -> list[tuple[int, int]]:

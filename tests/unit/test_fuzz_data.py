@@ -2,7 +2,8 @@
 
 Rows: arbitrary JSON values under the format's field names. Files: valid files of each kind, then
 truncated, bit-flipped, re-encoded (latin-1, UTF-16, cp1252) or replaced by random bytes. Any exception other
-than UserError fails the test. Run with `pytest -q -s tests/unit/test_fuzz_data.py` to see the case counts.
+than UserError fails the test. Each test counts its own cases and checks that its property saw both outcomes it
+must (so each passes or fails alone, in any order); `pytest -q -s tests/unit/test_fuzz_data.py` prints the counts.
 """
 
 from __future__ import annotations
@@ -13,16 +14,13 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zero_kit.data.dataset import load_dataset_rows, tokenize_dataset
 from zero_kit.errors import UserError
-from zero_kit.model import load_tokenizer
 
 FIELDS = ["instruction", "input", "output", "messages", "text", "role", "content"]
-CASES: Counter = Counter()
 FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # Lone surrogate escapes are legal JSON but not text: the tokenizer rejects them with a TypeError.
@@ -60,11 +58,6 @@ rows = st.one_of(
 )
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(None)
-
-
 def check_result(dataset, stats, rows_in_file: int, max_length: int, pack: bool) -> None:
     """Invariants of an accepted dataset: counts add up, labels are -100 or the token, lengths fit."""
     assert stats.rows_read == rows_in_file
@@ -75,16 +68,24 @@ def check_result(dataset, stats, rows_in_file: int, max_length: int, pack: bool)
         assert all(label in (-100, token) for token, label in zip(ids, labels, strict=True))
 
 
-def load_and_tokenize(path: str, tokenizer, fmt: str | None, max_length: int, skip_bad: bool, kind: str, pack=False):
-    """The property: success, or a UserError that names the file. Anything else propagates and fails."""
+def load_and_tokenize(
+    path: str, tokenizer, fmt: str | None, max_length: int, skip_bad: bool, kind: str, cases: Counter, pack=False
+):
+    """The property: success, or a UserError that names the file. Anything else propagates and fails. Counts the
+    outcome in `cases` under "KIND: accepted" or "KIND: UserError"."""
     try:
         loaded = load_dataset_rows([path], fmt)
         dataset, stats = tokenize_dataset(loaded, tokenizer, fmt, max_length, skip_bad=skip_bad, pack=pack)
         check_result(dataset, stats, len(loaded), max_length, pack)
-        CASES[f"{kind}: accepted"] += 1
+        cases[f"{kind}: accepted"] += 1
     except UserError as err:
         assert path in str(err), str(err)
-        CASES[f"{kind}: UserError"] += 1
+        cases[f"{kind}: UserError"] += 1
+
+
+def report(test: str, cases: Counter) -> None:
+    """The case counts of one test (pytest -s shows them)."""
+    print(f"\n{test} cases:", dict(sorted(cases.items())), "total", sum(cases.values()))
 
 
 @FUZZ
@@ -95,11 +96,19 @@ def load_and_tokenize(path: str, tokenizer, fmt: str | None, max_length: int, sk
     skip_bad=st.booleans(),
     pack=st.booleans(),
 )
-def test_fuzzed_rows_only_raise_user_errors(tokenizer, batch, fmt, max_length, skip_bad, pack):
+def fuzz_rows(tokenizer, cases, batch, fmt, max_length, skip_bad, pack):
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "rows.jsonl"
         path.write_text("".join(json.dumps(row) + "\n" for row in batch), encoding="utf-8")
-        load_and_tokenize(str(path), tokenizer, fmt, max_length, skip_bad, "rows", pack)
+        load_and_tokenize(str(path), tokenizer, fmt, max_length, skip_bad, "rows", cases, pack)
+
+
+def test_fuzzed_rows_only_raise_user_errors(tokenizer):
+    cases: Counter = Counter()
+    fuzz_rows(tokenizer, cases)  # Hypothesis draws the rest, FUZZ.max_examples times
+    report("fuzzed rows", cases)
+    # the fuzzing reached both sides of the property: rows refused with a UserError, and rows accepted
+    assert cases["rows: UserError"] > 0 and cases["rows: accepted"] > 0, cases
 
 
 @settings(max_examples=100, deadline=None)
@@ -110,20 +119,28 @@ def test_fuzzed_rows_only_raise_user_errors(tokenizer, batch, fmt, max_length, s
         max_size=5,
     ),
 )
-def test_any_text_round_trips_through_alpaca_masking(tokenizer, triples):
-    """For any unicode, the trained tokens decode to exactly the output + eos (whitespace-only rows skipped)."""
+def round_trip_alpaca(tokenizer, cases, triples):
     rows = [{"instruction": i, "input": x, "output": o} for i, x, o in triples]
     usable = [row for row in rows if row["instruction"].strip() and row["output"].strip()]
     try:
         dataset, stats = tokenize_dataset(rows, tokenizer, "alpaca", 512, skip_bad=True)
     except UserError as err:
         assert not usable and "no usable rows" in str(err)
+        cases["alpaca round trip: no usable rows"] += 1
         return
     assert stats.rows_kept == len(usable) == len(dataset)
     for row, labels in zip(usable, dataset["labels"], strict=True):
         trained = [label for label in labels if label != -100]
         assert tokenizer.decode(trained) == row["output"] + tokenizer.eos_token
-    CASES["alpaca round trip: accepted"] += 1
+    cases["alpaca round trip: accepted"] += 1
+
+
+def test_any_text_round_trips_through_alpaca_masking(tokenizer):
+    """For any unicode, the trained tokens decode to exactly the output + eos (whitespace-only rows skipped)."""
+    cases: Counter = Counter()
+    round_trip_alpaca(tokenizer, cases)
+    report("alpaca round trip", cases)
+    assert cases["alpaca round trip: accepted"] > 0, cases  # some rows were kept and their outputs checked
 
 
 def valid_bytes(kind: str) -> bytes:
@@ -162,16 +179,17 @@ def mutate(data: bytes, how: str, draw) -> bytes:
     fmt=st.sampled_from([None, "alpaca", "text"]),
     data=st.data(),
 )
-def test_mutated_files_only_raise_user_errors(tokenizer, kind, how, fmt, data):
+def fuzz_files(tokenizer, cases, kind, how, fmt, data):
     payload = mutate(valid_bytes(kind), how, data.draw)
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / f"data.{kind}"
         path.write_bytes(payload)
-        load_and_tokenize(str(path), tokenizer, fmt, 64, data.draw(st.booleans()), f"{kind}/{how}")
+        load_and_tokenize(str(path), tokenizer, fmt, 64, data.draw(st.booleans()), f"{kind}/{how}", cases)
 
 
-def test_zz_report_fuzz_counts():
-    """Runs last in this file: prints the case counts and checks both properties saw errors and successes."""
-    print("\nfuzz cases:", dict(sorted(CASES.items())), "total", sum(CASES.values()))
-    assert CASES["rows: UserError"] > 0 and CASES["rows: accepted"] > 0
-    assert sum(count for key, count in CASES.items() if key != "rows: UserError" and "UserError" in key) > 0
+def test_mutated_files_only_raise_user_errors(tokenizer):
+    cases: Counter = Counter()
+    fuzz_files(tokenizer, cases)
+    report("mutated files", cases)
+    # the mutations broke some files: the loader's refusals were exercised, not only its happy path
+    assert sum(count for key, count in cases.items() if key.endswith(": UserError")) > 0, cases

@@ -5,7 +5,23 @@ from __future__ import annotations
 import pytest
 import torch
 
+from zero_kit import metrics
 from zero_kit.metrics import CommCounter, flops_per_token, mfu, peak_flops, ring_bytes, storage_bytes
+
+
+class FakeClock:
+    """Stands in for the `time` module of the code under test (it reads `time.perf_counter()`): the clock moves
+    only when the test sleeps, by exactly that much, so timings are exact whatever the machine's load. Whole
+    seconds keep the float arithmetic exact."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def test_ring_bytes_follow_the_zero_paper_accounting():
@@ -71,27 +87,29 @@ def test_ring_link_tiers_in_rank_order():
 
 
 def test_counter_times_collectives_by_kind_with_the_async_wait(tmp_path, monkeypatch):
-    # Fake collectives under the counter: a blocking all-reduce that takes 30 ms, an async all-gather whose call
-    # takes 10 ms and whose Work.wait another 40 ms (the part a prefetch did not hide), and a send (not timed).
-    import time
-
+    # Fake collectives under the counter, on a fake clock: a blocking all-reduce that takes 3 s, an async
+    # all-gather whose call takes 1 s and whose Work.wait another 4 s (the part a prefetch did not hide), and a
+    # send (2 s, not timed).
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
+    clock = FakeClock()
+    monkeypatch.setattr(metrics, "time", clock)  # the counter's time.perf_counter() reads the fake clock
+
     def slow_all_reduce(tensor, group=None, async_op=False):
-        time.sleep(0.03)
+        clock.sleep(3)
 
     def async_all_gather(output_tensor, input_tensor, group=None, async_op=False):
-        time.sleep(0.01)
+        clock.sleep(1)
         return c10d._all_gather_base_original(output_tensor, input_tensor, async_op=True)
 
     def slow_send(tensor, dst=None, group=None):
-        time.sleep(0.02)
+        clock.sleep(2)
 
     real_wait = c10d.Work.wait
 
     def slow_wait(work, *args, **kwargs):
-        time.sleep(0.04)
+        clock.sleep(4)
         return real_wait(work, *args, **kwargs)
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
@@ -109,7 +127,7 @@ def test_counter_times_collectives_by_kind_with_the_async_wait(tmp_path, monkeyp
             counter.active = True
             dist.all_reduce(t)
             work = dist.all_gather_into_tensor(torch.empty(8), t, async_op=True)
-            assert 0.01 <= counter.seconds["gather"] < 0.04  # the call so far, not yet its wait
+            assert counter.seconds == {"reduction": 3, "gather": 1}  # the call so far, not yet its wait
             work.wait()
             work.wait()  # a second wait of the same Work is not counted again
             dist.send(t, dst=0)
@@ -119,56 +137,69 @@ def test_counter_times_collectives_by_kind_with_the_async_wait(tmp_path, monkeyp
         finally:
             counter.uninstall()
         assert c10d.Work.wait is slow_wait  # the wrapper is gone, the class's own wait back
-        # sleeps overshoot on a loaded machine, never undershoot; the bounds above leave out a second wait (0.04)
-        assert 0.03 <= counter.seconds["reduction"] < 0.03 + 0.05
-        assert 0.05 <= counter.seconds["gather"] < 0.05 + 0.04
+        assert clock.now == 1000 + 3 + (3 + 1 + 4 + 4 + 2) + (1 + 4)  # every fake collective ran, inactive too
+        # the active all-reduce; the all-gather's call and its first wait, not the second wait, the send, the
+        # inactive all-reduce, nor the all-gather issued and waited while inactive
+        assert counter.seconds == {"reduction": 3, "gather": 1 + 4}
         assert set(counter.seconds) == {"reduction", "gather"}  # the send is not timed
         summary = counter.summary(steps=2)
-        assert summary["exposed_seconds_by_phase"]["reduction"] == pytest.approx(counter.seconds["reduction"] / 2)
+        assert summary["exposed_seconds_by_phase"] == {"reduction": 1.5, "gather": 2.5}
         counter.reset()
         assert counter.seconds == {"reduction": 0.0, "gather": 0.0}
     finally:
         dist.destroy_process_group()
 
 
-def test_phase_clock_splits_a_step_into_phases_that_add_up():
-    # A fake counter whose exposed seconds grow while the windows run: 5 ms of gather inside forward, 7 ms of
-    # reduction inside backward, 2 ms of gather inside the step.
-    import time
-
+def test_phase_clock_splits_a_step_into_phases_that_add_up(monkeypatch):
+    # On a fake clock, a fake counter whose exposed seconds grow while the windows run: per micro batch a 10 s
+    # forward holding 5 s of gather and a 20 s backward holding 7 s of reduction; then a 4 s step holding 2 s of
+    # gather; 1 s before the first window and 3 s after the last (other).
+    from zero_kit.bench import phases as phases_module
     from zero_kit.bench.phases import PHASES, PhaseClock
 
+    time = FakeClock()
+    monkeypatch.setattr(phases_module, "time", time)  # PhaseClock's time.perf_counter() reads the fake clock
+
     class Counter:
-        seconds = {"reduction": 0.0, "gather": 0.0}
+        def __init__(self) -> None:
+            self.seconds = {"reduction": 0.0, "gather": 0.0}
 
     counter = Counter()
     clock = PhaseClock(counter)
     start = time.perf_counter()
+    time.sleep(1)  # before the first window: other
     clock.begin()
     for _ in range(2):  # two micro batches: their windows add up
-        time.sleep(0.01)
-        counter.seconds["gather"] += 0.005
+        time.sleep(10)
+        counter.seconds["gather"] += 5
         clock.mark("forward")
-        time.sleep(0.02)
-        counter.seconds["reduction"] += 0.007
+        time.sleep(20)
+        counter.seconds["reduction"] += 7
         clock.mark("backward")
-    time.sleep(0.004)  # between windows: other
-    counter.seconds["gather"] += 0.002
+    time.sleep(4)
+    counter.seconds["gather"] += 2
     clock.mark("step")
-    split = clock.end(time.perf_counter() - start)
+    time.sleep(3)  # after the last window: other
+    step_seconds = time.perf_counter() - start
+    assert step_seconds == 1 + 2 * (10 + 20) + 4 + 3
+    split = clock.end(step_seconds)
     phases, windows = split["phases"], split["windows"]
     assert tuple(phases) == PHASES
-    assert sum(phases.values()) == pytest.approx(time.perf_counter() - start, abs=0.002)
-    assert phases["reduction"] == pytest.approx(0.014) and phases["gather"] == pytest.approx(0.012)
-    assert windows["forward"]["gather"] == pytest.approx(0.010) and windows["step"]["gather"] == pytest.approx(0.002)
-    assert phases["forward"] == pytest.approx(windows["forward"]["wall"] - 0.010)
-    assert phases["backward"] == pytest.approx(windows["backward"]["wall"] - 0.014)
-    assert phases["step"] == pytest.approx(windows["step"]["wall"] - 0.002)
-    assert windows["forward"]["wall"] >= 0.02 and windows["backward"]["wall"] >= 0.04
-    assert min(phases.values()) >= 0
+    assert windows == {
+        "forward": {"wall": 20, "reduction": 0, "gather": 10},
+        "backward": {"wall": 40, "reduction": 14, "gather": 0},
+        "step": {"wall": 4, "reduction": 0, "gather": 2},
+    }
+    # forward, backward, step: the window's wall minus the collectives inside it; reduction and gather wherever
+    # they fell; other the rest of the step
+    assert phases == {"forward": 10, "backward": 26, "reduction": 14, "step": 2, "gather": 12, "other": 4}
+    assert sum(phases.values()) == step_seconds
 
     clock.begin()  # a pipeline: one schedule window, reported as forward, no backward of its own
+    time.sleep(6)
+    counter.seconds["gather"] += 1
     clock.mark("forward_backward")
+    time.sleep(2)
     clock.mark("step")
-    phases = clock.end(0.001)["phases"]
-    assert phases["backward"] is None and phases["forward"] >= 0
+    phases = clock.end(9)["phases"]
+    assert phases == {"forward": 5, "backward": None, "reduction": 0, "step": 2, "gather": 1, "other": 1}

@@ -19,11 +19,6 @@ from zero_kit.model import (
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(None)
-
-
-@pytest.fixture(scope="module")
 def model():
     return load_model(None, seed=0).eval()
 
