@@ -125,7 +125,7 @@ def _start_op_build() -> OpBuild | None:
         return None
     log = ROOT / "build" / "test_tiers_ops.log"
     log.parent.mkdir(exist_ok=True)
-    from benchmarks.rigs.base import clear_stale_build_lock
+    from tests.rigs.base import clear_stale_build_lock
 
     clear_stale_build_lock()
     with open(log, "w") as out:

@@ -36,12 +36,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 GIB = 2**30
+"""Bytes in a GiB: the one definition (plan, preflight and every report divide by it)."""
 
 
 def gib(value: float, digits: int = 1, unit: bool = True) -> str:
     """Bytes as GiB, the one formatter: "12.3 GiB" (`digits` decimals; `unit` False: the number alone)."""
     return f"{value / GIB:.{digits}f}" + (" GiB" if unit else "")
-"""Bytes in a GiB: the one definition (plan, preflight and every report divide by it)."""
+
 
 # Dense peak FLOP/s per device (vendor spec sheets, no sparsity), by precision. Matched by substring of
 # torch.cuda.get_device_name(); the first match wins, so more specific names come first.

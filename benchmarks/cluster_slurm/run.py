@@ -1,5 +1,5 @@
 """The whole DDP / FSDP2 / ZeRO comparison as ONE job on a real two-node Slurm cluster (two network-namespace
-hosts on this machine, benchmarks/rigs/slurm.py), submitted exactly as a user would:
+hosts on this machine, tests/rigs/slurm.py), submitted exactly as a user would:
 
     python -m benchmarks.cluster_slurm.run --out benchmarks/cluster_slurm/results
 
@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.rigs import slurm_cluster
-from benchmarks.rigs.base import build_cpu_ops
+from tests.rigs import slurm_cluster
+from tests.rigs.base import build_cpu_ops
 
 
 def main() -> int:

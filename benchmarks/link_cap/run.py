@@ -25,9 +25,9 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.link_cap.report import predict_rows, write_report
-from benchmarks.rigs.base import private_extensions_dir
-from benchmarks.rigs.netns import TwoHosts, set_rate, two_hosts
-from benchmarks.rigs.two_host_bench import run_two_hosts
+from tests.rigs.base import private_extensions_dir
+from tests.rigs.netns import TwoHosts, set_rate, two_hosts
+from tests.rigs.two_host_bench import run_two_hosts
 from zero_kit.bench import BenchOptions, run_bench
 from zero_kit.bench.options import PROGRESS
 

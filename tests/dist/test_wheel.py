@@ -7,7 +7,7 @@ Face directory, so the package data (tokenizer, chat template, datasets) is in t
 requirements (its METADATA) admit every library it runs with. Resolving those requirements into a fresh environment
 is what CI's install does with the same setup.py (and the compatibility job with the oldest set); a second fresh
 environment here cost ~170 s of CI for the same resolution. DeepSpeed's CPU ops come from the per-version build
-directory the other tests share (benchmarks/rigs/base.py private_extensions_dir)."""
+directory the other tests share (tests/rigs/base.py private_extensions_dir)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from bench_reference import single_node_losses
 
-from benchmarks.rigs.base import build_cpu_ops
+from tests.rigs.base import build_cpu_ops
 from tests.support import ops
 
 

@@ -10,7 +10,7 @@ import os
 import signal
 from pathlib import Path
 
-from benchmarks.rigs.base import namespace_pids, rig_env
+from tests.rigs.base import namespace_pids, rig_env
 from tests.support.jobs import FAST, Job, wait_for
 from tests.support.jobs import start as start_job
 from tests.support.runs import assert_bitwise_equal, logged_steps, pointer

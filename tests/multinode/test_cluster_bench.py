@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from bench_reference import STRATEGIES, size_flags
 
-from benchmarks.rigs import slurm_cluster, ssh_hosts, write_hostfile
+from tests.rigs import slurm_cluster, ssh_hosts, write_hostfile
 from tests.support.jobs import zero_kit
 from tests.support.rigs import rig_marks
 

@@ -36,8 +36,8 @@ from fault_helpers import (
     start,
 )
 
-from benchmarks.rigs import set_link, slurm_cluster, ssh_hosts, write_hostfile
-from benchmarks.rigs.slurm import job_id as slurm_job_id
+from tests.rigs import set_link, slurm_cluster, ssh_hosts, write_hostfile
+from tests.rigs.slurm import job_id as slurm_job_id
 from tests.support.jobs import VENV, Job, wait_for, zero_kit
 from tests.support.rigs import rig_marks
 from tests.support.runs import RESUMING, checkpoint_step, logged_steps, pointer, resumed_from
@@ -49,7 +49,7 @@ RUN_TIMEOUT_S = 420
 # A node lost: the survivors' gloo connections are reset at once, their launcher ends them; measured 5-10 s.
 NODE_LOSS_BOUND_S = 30
 # Under SLURM the step ends only when slurmctld declares the lost node DOWN: SlurmdTimeout (10 s on the rig, 300 s
-# by default: benchmarks/rigs/slurm.py) after its last answer to a ping, plus the job's end and sbatch's poll.
+# by default: tests/rigs/slurm.py) after its last answer to a ping, plus the job's end and sbatch's poll.
 SLURM_NODE_LOSS_BOUND_S = 60
 # Stall detection polls every POLL_S; a stopped rank's guardian kills it at once, a running one gets KILL_GRACE_S;
 # then the launchers and pdsh unwind (on a cut link the ssh keepalive, 3 x 5 s, ends host 1's session first).

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.rigs import slurm_cluster, ssh_hosts, write_hostfile
-from benchmarks.rigs.base import namespace_pids, rig_env
+from tests.rigs import slurm_cluster, ssh_hosts, write_hostfile
+from tests.rigs.base import namespace_pids, rig_env
 from tests.support.jobs import FAULTS_SITE, VENV, pythonpath_with, run, start, wait_for, zero_kit
 from tests.support.jobs import env as job_env
 from tests.support.rigs import rig_marks

@@ -19,8 +19,8 @@ import subprocess
 import pytest
 
 from benchmarks.link_cap.run import probe_two_hosts
-from benchmarks.rigs.base import remove_etc_netns
-from benchmarks.rigs.netns import hosts_for, two_hosts
+from tests.rigs.base import remove_etc_netns
+from tests.rigs.netns import hosts_for, two_hosts
 from zero_kit.plan.timing import on_the_wire
 from zero_kit.plan.traffic import Collective
 

@@ -30,8 +30,8 @@ import pytest
 
 from benchmarks.link_cap.report import predict_rows, tiers
 from benchmarks.link_cap.run import bench_options, calibrate, run
-from benchmarks.rigs.base import remove_etc_netns
-from benchmarks.rigs.netns import hosts_for, remove_hosts
+from tests.rigs.base import remove_etc_netns
+from tests.rigs.netns import hosts_for, remove_hosts
 
 pytestmark = [
     pytest.mark.multinode,

@@ -1,4 +1,4 @@
-"""The project's own rigs (benchmarks/rigs) run for real: a two-node Slurm 22.05 cluster, two sshd hosts driven by
+"""The project's own rigs (tests/rigs) run for real: a two-node Slurm 22.05 cluster, two sshd hosts driven by
 DeepSpeed's default pdsh launcher, and two network-namespace hosts whose link is cut and restored. Each rig must
 leave nothing behind (namespaces, daemons, /etc/netns entries, its /tmp folder), also when the body fails.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.rigs import (
+from tests.rigs import (
     RigError,
     reachable,
     require,
@@ -28,8 +28,8 @@ from benchmarks.rigs import (
     write_deepspeed_env,
     write_hostfile,
 )
-from benchmarks.rigs.base import is_alive, rig_env, wait_until
-from benchmarks.rigs.pdsh import deepspeed_env_defaults
+from tests.rigs.base import is_alive, rig_env, wait_until
+from tests.rigs.pdsh import deepspeed_env_defaults
 from tests.support.rigs import namespaces, rig_marks
 
 pytestmark = rig_marks()
@@ -209,6 +209,6 @@ def _ns_pids(namespace: str) -> list[str]:
 def test_missing_binary_is_a_clear_error_with_the_apt_line():
     with pytest.raises(RigError, match=r"missing no-such-slurmd .*apt-get install -y slurmd slurmctld"):
         require("no-such-slurmd")
-    cli = subprocess.run([sys.executable, "-m", "benchmarks.rigs", "slurm", "up", "Bad_Prefix"], capture_output=True,
+    cli = subprocess.run([sys.executable, "-m", "tests.rigs", "slurm", "up", "Bad_Prefix"], capture_output=True,
                          text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
     assert cli.returncode == 1 and cli.stderr.startswith("error: prefix") and "Traceback" not in cli.stderr

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 from bench_reference import SIZE
 
-from benchmarks.rigs.two_host_bench import run_two_hosts, two_hosts
+from tests.rigs.two_host_bench import run_two_hosts, two_hosts
 from zero_kit.bench import BenchOptions
 
 pytestmark = pytest.mark.multinode

@@ -2,7 +2,7 @@
 
 - `tests.support.jobs`: the venv's `zero-kit`, the offline environment, commands that must succeed, jobs started
   in their own session with their output in a log file, killing a job's whole session, waiting for a condition
-  (the rigs' one `wait_until`, benchmarks/rigs/base.py, failing with the job's log);
+  (the rigs' one `wait_until`, tests/rigs/base.py, failing with the job's log);
 - `tests.support.runs`: what a `zero-kit train` output directory holds: logged steps, the run record, the
   checkpoint pointer, the step a relaunch resumed from, final weights and their bitwise comparison;
 - `tests.support.rigs`: the marks of a test module that needs a rig (root, binaries), the namespaces that exist

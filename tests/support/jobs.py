@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import psutil
 
-from benchmarks.rigs.base import RigError, wait_until
+from tests.rigs.base import RigError, wait_until
 
 T = TypeVar("T")
 VENV = Path(sys.executable).parent.parent

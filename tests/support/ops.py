@@ -1,7 +1,7 @@
 """DeepSpeed's CPU ops for the launcher tiers, built once per test run before any launcher test's timeout starts.
 
 DeepSpeed compiles them on first use (shm all-reduce, fused Adam, CPU Adam for offload; 1-2 min each on 2 cores)
-into the private TORCH_EXTENSIONS_DIR (benchmarks/rigs/base.private_extensions_dir, cached per torch/DeepSpeed
+into the private TORCH_EXTENSIONS_DIR (tests/rigs/base.private_extensions_dir, cached per torch/DeepSpeed
 pair and venv). `python -m scripts.test_tiers` starts the build in the background while ruff and the unit tier run,
 waits for it before the first launcher test and sets READY in every later pytest's environment: then neither the
 collection hook (tests/conftest.py) nor a multinode module (`cpu_ops`) checks the cache again (a cache hit costs a
@@ -26,7 +26,7 @@ DEFAULT_OPS = "ShareMemCommBuilder,FusedAdamBuilder,CPUAdamBuilder"
 def op_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """`base` (this process's environment) with the private TORCH_EXTENSIONS_DIR and this venv's bin first on PATH:
     the ops are built by this environment's ninja (with another ninja first, each rebuilds the other's builds)."""
-    from benchmarks.rigs.base import private_extensions_dir
+    from tests.rigs.base import private_extensions_dir
 
     env = dict(os.environ if base is None else base)
     env.setdefault("TORCH_EXTENSIONS_DIR", str(private_extensions_dir()))
@@ -50,7 +50,7 @@ def build(timeout: float = 1800) -> float | None:
     """Build the ops now unless this run already did; the seconds it took, or None when nothing had to be done."""
     if ready():
         return None
-    from benchmarks.rigs.base import clear_stale_build_lock
+    from tests.rigs.base import clear_stale_build_lock
 
     clear_stale_build_lock()
     start = time.monotonic()

@@ -1,4 +1,4 @@
-"""Rig use from tests (benchmarks/rigs: root, network namespaces, daemons): the marks of a test module that needs
+"""Rig use from tests (tests/rigs: root, network namespaces, daemons): the marks of a test module that needs
 a rig, and the namespaces that exist now (a rig must leave none behind)."""
 
 from __future__ import annotations

@@ -38,3 +38,21 @@ def test_the_table_names_each_strategys_own_rank_environment():
             {"strategy": "zero3", "rank_env": plain}]  # fmt: skip
     assert _rank_envs(runs) == f"{plain} (zero1: {huge})"
     assert _rank_envs(runs[:1] + runs[2:]) == f"{plain}" and _rank_envs([{"strategy": "old"}]) == "{}"
+
+
+def test_a_step_loss_that_requires_grad_is_read_without_a_warning():
+    """The worker reads each micro batch's loss once per step: float() on a tensor that requires grad warned at every
+    step; the detached read gives the same number (bf16 and fp32), and a pipeline stage's float passes through."""
+    import warnings
+
+    import torch
+
+    from zero_kit.bench.worker import _scalar
+
+    for dtype in (torch.float32, torch.bfloat16):
+        loss = (torch.tensor([12.143144, 0.5], dtype=dtype, requires_grad=True) * 1.5).sum()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            value = _scalar(loss)
+        assert type(value) is float and value == float(loss.detach())
+    assert _scalar(12.5) == 12.5

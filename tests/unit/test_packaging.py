@@ -196,7 +196,7 @@ def test_launcher_local_rank_is_accepted_anywhere(monkeypatch):
 
 
 def test_ci_installs_every_debian_package_the_rigs_need():
-    from benchmarks.rigs import apt_packages
+    from tests.rigs import apt_packages
 
     ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
     line = next(line for line in ci.splitlines() if "apt-get install" in line)
@@ -268,7 +268,8 @@ def test_quoted_zero_kit_commands_use_real_flags(doc):
 def test_quoted_python_modules_exist(doc):
     modules = {m for span in _code(doc.read_text(encoding="utf-8")) for m in re.findall(r"-m ([\w.]+)", span)}
     # a placeholder such as "benchmarks.<study>.<script>" leaves "benchmarks.": not a module name
-    ours = sorted(m for m in modules if m.split(".")[0] in {"zero_kit", "benchmarks", "scripts"} and m[-1] != ".")
+    tops = {"zero_kit", "benchmarks", "scripts", "tests"}
+    ours = sorted(m for m in modules if m.split(".")[0] in tops and m[-1] != ".")
     missing = [m for m in ours if importlib.util.find_spec(m) is None]
     assert not missing, f"{_rel(doc)} runs modules that do not exist: {missing}"
 

@@ -97,6 +97,12 @@ def _global_mean(value: float | None, device: str) -> float:
     return (t[0] / t[1]).item()
 
 
+def _scalar(loss) -> float:
+    """A micro batch's loss as a float: a tensor is read detached (float() on one that requires grad warns at every
+    step), a float as it is; the same number either way."""
+    return loss.detach().item() if hasattr(loss, "detach") else float(loss)
+
+
 def _run_step(strategy, micro: list[dict[str, Any]], phases, label, before_step=None) -> list:
     """One optimizer step, its windows marked on `phases` (bench.phases.PhaseClock); `label(name)` is a context around
     each window (the profiler's ranges when profiling); `before_step` runs between the last backward and the step.
@@ -189,7 +195,7 @@ def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, devic
             split_steps.append(phases.end(elapsed))
             counting(False)
         ds_timers.append(strategy.step_timers())
-        held = [float(loss) for loss in held if loss is not None]
+        held = [_scalar(loss) for loss in held if loss is not None]
         losses.append(_global_mean(sum(held) / len(held) if held else None, device))
         if heartbeat is not None:
             heartbeat.beat("train", step + 1)
