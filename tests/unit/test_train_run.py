@@ -56,6 +56,14 @@ def test_the_plan_travels_to_the_ranks_whole(tmp_path):
     back = RunPlan.from_env(plan.to_env())
     assert back == plan and back.options == plan.options
     assert RunPlan.from_env({}) is None
+    # a hostfile's ranks get it on DeepSpeed's pdsh command line: DeepSpeed's own export leaves it as it is
+    from types import SimpleNamespace
+
+    from deepspeed.launcher.multinode_runner import PDSHRunner
+
+    runner = PDSHRunner(SimpleNamespace(user_script="x", user_args=[]), "")
+    runner.add_export(PLAN_ENV, plan.to_env()[PLAN_ENV])
+    assert runner.exports[PLAN_ENV] == plan.to_env()[PLAN_ENV]
 
 
 def test_a_rank_runs_the_plan_it_was_given_not_its_environment(tmp_path, monkeypatch):

@@ -1,17 +1,15 @@
-"""Trainer callbacks of `zero-kit train`: progress and JSONL log (rank 0), complete-checkpoint marking,
-and a stop on SIGINT or SIGTERM (finish the step, save, stop: zero_kit.train.stopping).
+"""What a `zero-kit train` rank does around the HF Trainer's steps, as Trainer callbacks: progress and the JSONL log
+(rank 0), complete-checkpoint marking, a stop on SIGINT or SIGTERM (finish the step, save, stop:
+zero_kit.train.stopping), evaluation's perplexity, the stall watchdog's heartbeat, and at the end OUTPUT/loss.png
+(train loss, and eval loss where the log has it, drawn from OUTPUT/train_log.jsonl by rank 0; also after a stop).
 
-The tokens a `zero-kit train` run trained (tokens/s, MFU, `tokens_seen` in train_log.jsonl), counted without a
-collective of their own. The HF Trainer's count (`include_num_input_tokens_seen`) gathers one number across the
-ranks after every micro batch and waits for it (`.item()`; on a GPU a device sync), a round trip that neither the
-plain Trainer (off by default) nor the step needs (benchmarks/train_overhead). Here each rank adds up the
-non-padding tokens of the micro batches it trains where they are (`CountingTrainer.training_step`), and the sum over
-the ranks travels in the all-reduce the preemption check makes at every step anyway
-(`zero_kit.train.callbacks.PreemptionCallback`, `zero_kit.dist.any_rank_and_sum`). The Trainer's state, its log
-entries and the checkpoints' trainer_state.json get what the Trainer's own count gave them.
-
-The picture at the end of a run: OUTPUT/loss.png, train loss (and eval loss, where the log has it) over steps,
-drawn from OUTPUT/train_log.jsonl by rank 0 when training ends (also after a stop: what was trained so far).
+Tokens (tokens/s, MFU, `tokens_seen` in train_log.jsonl) are counted without a collective of their own. The HF
+Trainer's count (`include_num_input_tokens_seen`) gathers one number across the ranks after every micro batch and
+waits for it (`.item()`; on a GPU a device sync), a round trip that neither the plain Trainer (off by default) nor
+the step needs (benchmarks/train_overhead). Here each rank adds up the non-padding tokens of the micro batches it
+trains where they are (`CountingTrainer.training_step`), and the sum over the ranks travels in the all-reduce the
+preemption check makes at every step anyway (`PreemptionCallback`, `zero_kit.dist.any_rank_and_sum`). The Trainer's
+state, its log entries and the checkpoints' trainer_state.json get what the Trainer's own count gave them.
 """
 
 from __future__ import annotations

@@ -13,8 +13,10 @@ its own starting process and makes the same plan, once, with the same function.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,9 @@ from zero_kit.plan.workload import Workload
 from zero_kit.train.options import TrainOptions, default_lr, zero_spec
 
 PLAN_ENV = "ZERO_KIT_PLAN"
-"""The starting process's plan, as JSON, in the environment of the ranks it launches."""
+r"""The starting process's plan in the environment of the ranks it launches: JSON, zlib-compressed, in URL-safe
+base64. Ranks on other hosts get it on DeepSpeed's pdsh command line (`export NAME=VALUE;`), which double-quotes a
+value with any character outside [\w@%+=:,./-] and would break JSON's own quotes; base64's letters need none."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,8 @@ class RunPlan:
         return planner_view(self.ds_config, work, self.zero_stage, self.ranks_per_node, self.nodes)
 
     def to_env(self) -> dict[str, str]:
-        return {PLAN_ENV: json.dumps(dataclasses.asdict(self))}
+        packed = zlib.compress(json.dumps(dataclasses.asdict(self)).encode("utf-8"))
+        return {PLAN_ENV: base64.urlsafe_b64encode(packed).decode("ascii")}
 
     @classmethod
     def from_env(cls, environ) -> RunPlan | None:
@@ -132,7 +137,7 @@ class RunPlan:
         raw = environ.get(PLAN_ENV)
         if not raw:
             return None
-        fields = json.loads(raw)
+        fields = json.loads(zlib.decompress(base64.urlsafe_b64decode(raw)))
         fields["options"] = TrainOptions(**fields["options"])
         fields["nvme_dirs"] = tuple(tuple(pair) for pair in fields["nvme_dirs"])
         return cls(**fields)
