@@ -36,6 +36,7 @@ from tests.support.rigs import rig_marks
 from tests.support.runs import assert_trained, logged_steps
 from zero_kit.checkpoints import claim
 from zero_kit.launch.hostfile import rank_env
+from zero_kit.train.plan import RunPlan
 
 pytestmark = rig_marks()
 STEPS = 3
@@ -214,7 +215,9 @@ def test_hostfile_launch_trains_on_both_hosts_over_pdsh_and_exports(tmp_path, cp
 
     env_file = (out / ".deepspeed_env").read_text()
     assert "TORCH_EXTENSIONS_DIR=" in env_file and "\n\n" not in env_file and "GLOO_SOCKET_IFNAME" not in env_file
-    assert f"{claim.CLAIM_ENV}={live.token}\n" in env_file  # rank 0, on zkcp0 over ssh, checked it (claim.check_handed)
+    planned = dict(line.split("=", 1) for line in env_file.splitlines())  # the ranks' plan, over pdsh
+    # rank 0, on zkcp0 over ssh, checked the plan's claim token (claim.check_handed)
+    assert RunPlan.from_env(planned).claim_token == live.token
     assert logged_steps(out) == list(range(1, STEPS + 1)) and not (out / claim.CLAIM).exists()
     _assert_trained_and_exported(out, 3)
 

@@ -202,11 +202,10 @@ def test_another_job_or_the_same_restart_is_refused_at_once(tmp_path, no_waiting
 def test_rank_0_of_a_relaunch_checks_the_claim_it_was_handed(tmp_path):
     held = claim.take(tmp_path, _me())
     try:
-        ranks = {claim.CLAIM_ENV: held.holder.token, "RANK": "0"}
-        assert claim.hold_claim(tmp_path, ranks).holder is None  # the parent holds it; rank 0 only checks
+        claim.check_handed(tmp_path, held.holder.token)  # the parent holds it; rank 0 only checks the plan's token
         assert claim.hold_claim(tmp_path, {"RANK": "1", "WORLD_SIZE": "2"}).holder is None  # not RANK 0's to take
         with pytest.raises(UserError, match="the claim this run's launcher took is gone"):
-            claim.hold_claim(tmp_path, {**ranks, claim.CLAIM_ENV: "otherhost:1:2.0"})
+            claim.check_handed(tmp_path, "otherhost:1:2.0")
     finally:
         held.release()
 

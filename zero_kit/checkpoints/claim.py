@@ -7,7 +7,7 @@ builds' owner record (zero_kit.launch.ops): a small file, OUTPUT/.zero_kit_claim
 run's life and naming it (host, pid and that process's start time, Slurm job id and restart count, since when).
 
 - Who holds it: the process that starts the job. `zero-kit train --nproc/--hostfile` holds it in the relaunching
-  parent and hands it to its ranks (CLAIM_ENV: rank 0 checks the claim still names its parent before it deletes
+  parent and hands it to its ranks (the plan's claim_token: rank 0 checks the claim still names its parent before it deletes
   anything); under an outside launcher (torchrun, deepspeed, srun) the process of RANK 0 holds it.
 - Alive or dead: a holder on this host is alive while its pid runs with the recorded start time (pids are reused);
   this host is the same hostname and the same boot (the kernel's boot id: two machines sharing a hostname, or this
@@ -37,7 +37,6 @@ from zero_kit.launch.ops import clock, flock_within, owner_record
 from zero_kit.log import warn
 
 CLAIM = ".zero_kit_claim"
-CLAIM_ENV = "ZERO_KIT_CLAIM"
 """The claim's token (host:pid:start) a relaunching parent gives its ranks: rank 0 checks it is still the holder."""
 HEARTBEAT_S = 5.0
 """How often a holder touches its claim (the heartbeat another host reads)."""
@@ -182,12 +181,10 @@ class Claim:
 
 
 def hold_claim(output: Path, environ: dict[str, str], wait_s: float = REQUEUE_WAIT_S) -> Claim:
-    """This process's part in the claim on `output`: take it (a process that starts the job), check it (rank 0 of
-    a relaunch: its parent holds it) or nothing (the other ranks). Raises UserError when another run holds it."""
-    if environ.get(CLAIM_ENV):
-        if environ.get("RANK", "0") == "0":
-            check_handed(output, environ[CLAIM_ENV])
-        return Claim()
+    """This process's part in the claim on `output`, in a process that starts the job: take it (alone, a relaunching
+    parent, or RANK 0 of an outside launcher) or nothing (the other ranks of an outside launcher). A relaunch's ranks
+    never get here: the plan hands them the token, which rank 0 checks (`check_handed`). Raises UserError when
+    another run holds it."""
     if environ.get("RANK", "0") != "0":
         return Claim()  # the claim is RANK 0's under an outside launcher
     return take(output, me(environ), wait_s)
