@@ -154,6 +154,24 @@ def test_steps_that_depend_on_the_data_are_warnings_without_max_steps():
     assert by_path["scheduler.params.warmup_num_steps"].severity == "error"
 
 
+def test_values_that_depend_on_the_world_size_are_warnings_without_it():
+    trainer_args, _, _ = parse_trainer_arguments(MATCHING.split())
+    context = LintContext(target="hf-trainer", device="cpu", trainer_args=trainer_args)  # no --world-size
+    problems = [p for p in lint(copy.deepcopy(FIXED), context) if p.path == "train_batch_size"]
+    assert [p.severity for p in problems] == ["warning"] and "depends on the world size" in problems[0].message
+    assert "--world-size N" in problems[0].fix
+    assert _reported({**FIXED, "train_batch_size": 24}, MATCHING.split())[0].severity == "error"  # at world size 2
+
+
+def test_a_section_of_the_wrong_type_is_not_compared():
+    broken = {**FIXED, "fp16": True, "optimizer": {"type": "AdamW", "params": [1]}, "zero_optimization": 3}
+    problems = _reported(broken, MATCHING.replace("1e-4", "3e-4").split())  # lr differs; optimizer params no object
+    stops = [p.path for p in problems if p.message.startswith(STOP)]
+    assert stops == ["scheduler.params.warmup_max_lr"], [str(p) for p in problems]
+    offload = {**FIXED, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": ["cpu"]}}}
+    assert [p.path for p in _reported(offload, MATCHING.split()) if p.message.startswith(STOP)] == []
+
+
 def test_cpu_traps(monkeypatch):
     trainer_args, _, _ = parse_trainer_arguments(["--output_dir", "out"])
     config = json.loads((PRESETS_DIR / "hf_zero3.json").read_text())
