@@ -4,7 +4,7 @@ Run from the repository root, in the venv:  python -m scripts.test_tiers [TIER .
 After a run, `python -m scripts.test_tiers --record` writes each test file's wall seconds from that run's JUnit
 reports (build/junit/) to tests/file_seconds.json, the order the launch tier starts files in.
 
-- lint: ruff;
+- lint: ruff check; format: ruff format --check (it honours `# fmt: skip`);
 - unit: tests/unit, its files shared out over one pytest-xdist worker per core;
 - launch: every launcher and two-host test not marked `serial` (tests/dist, tests/multinode), two files at a time:
   a file's ranks leave a core idle a good part of the time (start-up, rendezvous, Slurm's polls), and the other
@@ -54,6 +54,9 @@ LAUNCH = ("-m", "(dist or multinode) and not serial", "tests/dist", "tests/multi
 SERIAL = ("-m", "serial or not (dist or multinode)", "--ignore=tests/unit", "tests")
 TIERS = (
     Tier("lint", ("ruff", "check", "."), 15),
+    # the formatter honours the `# fmt: skip` lines (tables, argument lists kept as written); Markdown's code blocks
+    # are prose, not formatted
+    Tier("format", ("ruff", "format", "--check", "zero_kit", "tests", "benchmarks", "scripts"), 15),
     Tier("unit", (*PYTEST, "-n", "auto", "--dist", "loadfile", "tests/unit"), 330),
     Tier("launch", (*PYTEST, "-n", "2", *BY_FILE, *LAUNCH), 1000, needs_ops=True),
     Tier("serial", (*PYTEST, *SERIAL), 1000, needs_ops=True),

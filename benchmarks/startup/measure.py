@@ -23,8 +23,13 @@ def train(args: list[str], output: Path, log: Path, extra_env: dict[str, str] | 
     """Run `python -m zero_kit.cli train ARGS --output OUTPUT` (its output to `log`); the measurements.
     stop_at_first_step: SIGKILL the job (its own session) once the start-up record is written, sparing the save of
     a large model's checkpoint that follows the last step."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "ZERO_KIT_STARTUP_MEMORY": "1",
-           **(extra_env or {})}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "ZERO_KIT_STARTUP_MEMORY": "1",
+        **(extra_env or {}),
+    }
     cmd = [sys.executable, "-m", "zero_kit.cli", "train", *args, "--output", str(output)]
     startup_file = output / "zero_kit_startup.json"
     startup_file.unlink(missing_ok=True)

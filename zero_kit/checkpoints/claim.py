@@ -295,4 +295,3 @@ def is_running(output: Path) -> Holder | None:
     """The live run that holds `output`, for readers (`zero-kit export`); None when no run holds it."""
     holder = read(output / CLAIM)
     return holder if holder is not None and is_alive(holder, time.time()) else None
-

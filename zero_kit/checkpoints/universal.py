@@ -123,8 +123,10 @@ def prepare_resume(resume_from: Path | None, args) -> bool:
         return False
     failure = None
     if args.process_index == 0:
-        say(f"zero-kit train: {resume_from.name} was written by {saved} rank(s), this run has {args.world_size}:"
-            " converting it to a DeepSpeed universal checkpoint")
+        say(
+            f"zero-kit train: {resume_from.name} was written by {saved} rank(s), this run has {args.world_size}:"
+            " converting it to a DeepSpeed universal checkpoint"
+        )
         (resume_from / FAILED_MARKER).unlink(missing_ok=True)
         try:
             convert(resume_from)

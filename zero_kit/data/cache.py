@@ -157,7 +157,6 @@ def _complete(path: Path) -> bool:
     return (path / META).is_file()
 
 
-
 def prepared(spec: DataSpec, cache_dir: Path, load_rows: Callable[[], Rows], load_tokenizer: Callable) -> Entry:
     """The cache entry of `spec`: found ready, or built here (rows first: a file that does not parse is said before
     the tokenizer's import) while any other process that wants the same key waits."""

@@ -103,9 +103,7 @@ def _not_a_checkpoint(given: Path) -> tuple[str, str]:
     if is_output:
         problem = "a training output, not a checkpoint" if newest else "holds no complete zero-kit checkpoint"
     elif given.is_dir():
-        problem = (
-            f"incomplete checkpoint (no {store.MANIFEST} or files missing: a save cut short, or not zero-kit's)"
-        )
+        problem = f"incomplete checkpoint (no {store.MANIFEST} or files missing: a save cut short, or not zero-kit's)"
     else:
         problem = "no such checkpoint directory"
     if newest is not None:

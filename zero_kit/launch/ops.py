@@ -70,7 +70,6 @@ def use_extensions_dir() -> Path:
     return path
 
 
-
 def clock(epoch: float) -> str:
     """An epoch time as this host's wall clock (HH:MM:SS): when a holder took its lock or claim."""
     return time.strftime("%H:%M:%S", time.localtime(epoch))
@@ -117,7 +116,9 @@ def clear_stale_lock(build_dir: Path, recheck_s: float = STALE_RECHECK_S, others
         return "free"
     holders = lock_holders(lock)
     if holders:
-        warn(f"zero-kit: waiting for {build_dir.name}'s build by pid {holders[0]} (lock {lock} since {clock(first[1] / 1e9)})")
+        warn(
+            f"zero-kit: waiting for {build_dir.name}'s build by pid {holders[0]} (lock {lock} since {clock(first[1] / 1e9)})"
+        )
         return "live"
     time.sleep(recheck_s)
     if _identity(lock) != first or lock_holders(lock):  # released (or re-taken) meanwhile: torch handles it
@@ -247,7 +248,9 @@ def arch_list_deepspeed_parses(name: str, say: bool) -> Iterator[None]:
         yield
         return
     if say:
-        warn(f"zero-kit: {ARCH}={value!r} has entries DeepSpeed's op builder cannot parse; building its {name} op for {fixed!r}")
+        warn(
+            f"zero-kit: {ARCH}={value!r} has entries DeepSpeed's op builder cannot parse; building its {name} op for {fixed!r}"
+        )
     os.environ[ARCH] = fixed
     try:
         yield

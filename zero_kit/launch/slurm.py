@@ -43,8 +43,10 @@ def fill_size(nodes: int | None, gpus_per_node: int | None, command: str) -> tup
     )
     missing = [flag for flag, value in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node)) if value is None]
     if missing:
-        warn(f"zero-kit {command}: {filled[0]} node{'s' * (filled[0] != 1)} x {filled[1]} GPUs ({' and '.join(missing)} not given: defaults);"
-            f" pass {' and '.join(missing)} to change it")
+        warn(
+            f"zero-kit {command}: {filled[0]} node{'s' * (filled[0] != 1)} x {filled[1]} GPUs ({' and '.join(missing)} not given: defaults);"
+            f" pass {' and '.join(missing)} to change it"
+        )
     return filled
 
 

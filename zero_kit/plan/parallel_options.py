@@ -223,5 +223,3 @@ def _pp_reason(option: Option, best: Option, hardware: Hardware) -> str:
         f" {layout.micro_batches} micro batches per step ({verdict}) the bubble idles (p-1)/(m+p-1) ="
         f" {bubble:.0%} of every step."
     )
-
-

@@ -99,8 +99,6 @@ def _time_reason(best: Option, options: list[Option]) -> str:
     )
 
 
-
-
 def _by_label(options: list[Option]) -> dict[str, Option]:
     return {o.label: o for o in options}
 

@@ -244,7 +244,9 @@ class PreemptionCallback(TrainerCallback):
     def __init__(self, rank: int = 0, alone: bool = False, tokens=None):
         self.rank = rank
         self.alone = alone
-        self.tokens = tokens  # a zero_kit.train.callbacks.TokenCount: its sum over the ranks rides in the same all-reduce
+        self.tokens = (
+            tokens  # a zero_kit.train.callbacks.TokenCount: its sum over the ranks rides in the same all-reduce
+        )
         self.signum: int | None = None
         self.stopped = False
         self._previous = {signum: signal.signal(signum, self._on_signal) for signum in self.SIGNALS}
@@ -363,7 +365,7 @@ class PerplexityCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs is not None and isinstance(logs.get("eval_loss"), (int, float)):
-                logs["eval_perplexity"] = perplexity(logs["eval_loss"])
+            logs["eval_perplexity"] = perplexity(logs["eval_loss"])
 
 
 class EvalScheduleCallback(TrainerCallback):

@@ -46,8 +46,6 @@ where a GPU's flash kernels hold none)."""
 """A planned peak above this fraction of the limit is said as a warning: the plan is an estimate, not a bound."""
 
 
-
-
 # --- the sequence against the model ------------------------------------------------------------------------------
 
 

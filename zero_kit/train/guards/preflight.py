@@ -35,8 +35,6 @@ if TYPE_CHECKING:
 HOST_MEM_ENV = "ZERO_KIT_HOST_MEM_BYTES"
 
 
-
-
 def check_writable_dir(path: Path, flag: str, *, create: bool) -> list[UserError]:
     """`path` is (or can become) a writable directory; `flag` names the option in the message."""
     if path.exists() and not path.is_dir():
