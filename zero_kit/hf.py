@@ -126,8 +126,6 @@ def _input_problems(precision: str, training_kwargs: dict[str, Any]) -> list[Use
 def _machine():
     """This rank's device kind (zero_kit.dist selects its GPU), after giving a process started without a launcher
     a world of one, and one started by srun the torch.distributed variables."""
-    import torch
-
     from zero_kit.dist import device_and_backend
     from zero_kit.train.plan import Host
 
@@ -135,8 +133,7 @@ def _machine():
     if not under_launcher():
         os.environ.update(single_process_env(free_port()))
     device, _ = device_and_backend()
-    on_gpu = device != "cpu"
-    return Host(on_gpu=on_gpu, bf16_supported=on_gpu and torch.cuda.is_bf16_supported())
+    return Host.of_device(device)
 
 
 def _machine_problems(training_kwargs: dict[str, Any], on_gpu: bool) -> list[UserError]:

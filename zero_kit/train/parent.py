@@ -38,10 +38,12 @@ def run_train(opts: TrainOptions) -> int:
     check_options(opts)
     # data, model, output, hostfile: before the relaunch, a process group, an op build, any deletion or heavy import
     check_inputs(opts)
-    environ = {**os.environ, **slurm_to_torch_env(dict(os.environ))}
+    srun_task = slurm_to_torch_env(dict(os.environ))  # an srun task is a rank: torch's variables from SLURM's
+    environ = {**os.environ, **srun_task}
     # one job per output, taken before anything there is read to resume, deleted or written (checkpoints.claim)
     held = hold_claim(Path(opts.output), environ)
     try:
+        os.environ.update(srun_task)  # DeepSpeed and the Trainer read them from the environment
         return _start(opts, environ, None if held.holder is None else held.holder.token)
     finally:
         held.release()
@@ -52,7 +54,6 @@ def _start(opts: TrainOptions, environ: dict[str, str], claim_token: str | None)
     # network): after every cheap check; the plan, the ranks and the run record get the directory
     opts = replace(opts, model=resolve_model(opts.model))
     check_trusted(opts.model, opts.trust_remote_code)  # before a launcher starts ranks that would each refuse it
-    os.environ.update(slurm_to_torch_env(dict(os.environ)))  # an srun task is a rank: DeepSpeed reads these
     speak = environ.get("RANK", "0") == "0"
     opts = resume.continue_requeued_job(opts, environ, speak)  # Slurm requeued the job: never start over
     clock = startup.StartupClock()  # time to first step, by stage; a relaunch's ranks go on from its marks

@@ -27,6 +27,7 @@ from zero_kit.plan.assumptions import Assumptions
 from zero_kit.plan.shapes import LlamaShape
 from zero_kit.plan.workload import Workload
 from zero_kit.train.options import TrainOptions, default_lr, zero_spec
+from zero_kit.train.resume import resume_target
 
 PLAN_ENV = "ZERO_KIT_PLAN"
 r"""The starting process's plan in the environment of the ranks it launches: JSON, zlib-compressed, in URL-safe
@@ -47,6 +48,16 @@ class Host:
         """The process-group backend: "nccl" on a GPU, "gloo" on the CPU."""
         return "nccl" if self.on_gpu else "gloo"
 
+    @classmethod
+    def of_device(cls, device: str) -> Host:
+        """A host whose ranks train on `device` ("cpu", "cuda" or "cuda:N"): on a GPU torch says whether it computes
+        in bf16. What `this_host` and `zero_kit.hf.training_arguments` both decide with."""
+        if device == "cpu":
+            return cls(on_gpu=False, bf16_supported=False)
+        import torch
+
+        return cls(on_gpu=True, bf16_supported=torch.cuda.is_bf16_supported())
+
 
 def this_host() -> Host:
     """This host's device kind: a host without a GPU driver is told without importing torch (a CPU run's checks
@@ -55,11 +66,10 @@ def this_host() -> Host:
     from zero_kit.dist import gpu_host
 
     if not gpu_host():
-        return Host(on_gpu=False, bf16_supported=False)
+        return Host.of_device("cpu")
     import torch
 
-    on_gpu = torch.cuda.is_available()
-    return Host(on_gpu=on_gpu, bf16_supported=on_gpu and torch.cuda.is_bf16_supported())
+    return Host.of_device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @dataclass(frozen=True)
@@ -147,8 +157,6 @@ def plan_run(opts: TrainOptions, environ: dict[str, str], host: Host, *, claim_t
     """Every decision of a run, once. `opts` has passed `check_options` (and names the resolved model directory);
     `environ`: the starting process's (a launcher's sizes, when it is a rank of one); `host`: the device kind the
     ranks train on. Raises UserError for a config or flags this run cannot use."""
-    from zero_kit.train.resume import resume_target
-
     world, per_node, nodes = launch_sizes(opts, environ)
     work = workload_of(opts, "fp32")  # the shape only: precision changes no width
     ds_config = trainer_ds_config(opts, torch_adam=not host.on_gpu, device="cuda" if host.on_gpu else "cpu",
