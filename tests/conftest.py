@@ -28,6 +28,17 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped in CI, which must run it: {report.longrepr}"
 
 
+@pytest.fixture
+def umask_zero():
+    """The test runs under umask 0, so a file zero_kit forgot to make private comes out world-readable (the secrets
+    tests: tests/unit/test_secrets.py, tests/dist/test_secrets_scan.py)."""
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
 # Wall seconds per test file, written by `python -m scripts.test_tiers --record` from a run's JUnit reports.
 FILE_SECONDS: dict[str, float] = json.loads((Path(__file__).parent / "file_seconds.json").read_text())
 

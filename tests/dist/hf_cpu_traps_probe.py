@@ -7,19 +7,17 @@ In this order (each TrainingArguments resets accelerate's state; the process gro
 1. TrainingArguments(deepspeed=CFG) without use_cpu: the processes accelerate counts (args.world_size).
 2. The same with use_cpu and ACCELERATE_USE_CPU=1, then a Trainer: does it use DeepSpeed?
 3. use_cpu without ACCELERATE_USE_CPU, then a Trainer: its process count and whether it uses DeepSpeed.
-Writes DIR/rank{R}.json.
+Writes DIR/rank{R}.json (rank_probe.py).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 from pathlib import Path
 
 import torch
+from rank_probe import run_rank
 
-from zero_kit.dist import end_process_group, exit_rank
 from zero_kit.model import load_model
 
 
@@ -42,15 +40,9 @@ def trainer_record(args) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--local_rank", type=int, default=0)
-    cli = parser.parse_args()
-    out = Path(cli.out)
+def probe(config: str, out: Path) -> dict:
     record = {"launched_world_size": int(os.environ["WORLD_SIZE"])}
-    without = arguments(cli.config, out, use_cpu=False)
+    without = arguments(config, out, use_cpu=False)
     record["without_use_cpu"] = {
         "args_world_size": without.world_size,
         "args_process_index": without.process_index,
@@ -58,14 +50,12 @@ def main() -> None:
         "process_group_size": torch.distributed.get_world_size() if torch.distributed.is_initialized() else None,
     }
     os.environ["ACCELERATE_USE_CPU"] = "1"
-    record["accelerate_use_cpu_env"] = trainer_record(arguments(cli.config, out, use_cpu=True))
+    record["accelerate_use_cpu_env"] = trainer_record(arguments(config, out, use_cpu=True))
     del os.environ["ACCELERATE_USE_CPU"]
-    with_cpu = arguments(cli.config, out, use_cpu=True)
+    with_cpu = arguments(config, out, use_cpu=True)
     record["use_cpu"] = {"args_world_size": with_cpu.world_size, **trainer_record(with_cpu)}
-    (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps(record, indent=1))
-    end_process_group(finished=True)
+    return record
 
 
 if __name__ == "__main__":
-    main()
-    exit_rank(0)  # interpreter teardown of a DeepSpeed rank can abort (see zero_kit.dist)
+    run_rank(probe)

@@ -8,18 +8,18 @@ go first): the key "auto", the key as a number (micro x accum x world), the key 
 "auto" again now that the communication is up (as on GPU hosts, where accelerate brings it up before the model).
 For each: whether the model was built (partitioned), DeepSpeed's message if not, the train_batch_size the Trainer
 filled and the one DeepSpeed derives from the Trainer's filled config at the real world size. Writes
-DIR/rank{R}.json.
+DIR/rank{R}.json (rank_probe.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
 from pathlib import Path
 
-from zero_kit.dist import end_process_group, exit_rank
+from rank_probe import run_rank
+
 from zero_kit.model import load_model
 
 MICRO, ACCUM = 2, 3
@@ -52,14 +52,9 @@ def try_variant(config: dict, model_dir: Path, out: Path) -> dict:
     return record
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--local_rank", type=int, default=0)
-    cli = parser.parse_args()
-    rank, out = int(os.environ["RANK"]), Path(cli.out)
-    generated = json.loads(Path(cli.config).read_text())
+def probe(config: str, out: Path) -> dict:
+    rank = int(os.environ["RANK"])
+    generated = json.loads(Path(config).read_text())
     model_dir = out / f"model_rank{rank}"  # one per rank: no barrier exists before the process group
     load_model(None, seed=0).save_pretrained(model_dir)
     world = int(os.environ["WORLD_SIZE"])
@@ -69,11 +64,8 @@ def main() -> None:
         "absent": generated,
         "auto_after_comm_up": {**generated, "train_batch_size": "auto"},
     }
-    record = {name: try_variant(config, model_dir, out) for name, config in variants.items()}
-    (out / f"rank{rank}.json").write_text(json.dumps(record, indent=1))
-    end_process_group(finished=True)
+    return {name: try_variant(variant, model_dir, out) for name, variant in variants.items()}
 
 
 if __name__ == "__main__":
-    main()
-    exit_rank(0)  # interpreter teardown of a ZeRO-3 rank can abort (see zero_kit.dist)
+    run_rank(probe)

@@ -27,15 +27,6 @@ PLANTED = {
 STEPS = 2
 
 
-@pytest.fixture
-def umask_zero():
-    old = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(old)
-
-
 def _leaks(root: Path, allowed: set[Path]) -> list[str]:
     """`path: NAME` for every planted value found in a file under `root` (bytes: pickles and safetensors too)."""
     found = []

@@ -61,15 +61,6 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-@pytest.fixture
-def umask_zero():
-    old = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(old)
-
-
 def test_private_file_is_0600_before_its_first_byte(tmp_path, monkeypatch, umask_zero):
     """Under umask 0, and over an existing world-readable file: the mode is 0600 when the first byte is written."""
     seen = []
