@@ -31,8 +31,11 @@ def deepspeed_config(**options: Any) -> dict:
     `zero_kit.train.plan.plan_run` makes the run's dict with. It does not depend on the machine that calls it
     (a script may write the config on a login node for GPU nodes); your TrainingArguments decide the rest. On the
     machine that trains, `training_arguments` does that part too."""
+    from zero_kit.launch.ops import skip_shm_op
+
     opts = TrainOptions(**options)
     check_options(opts)
+    skip_shm_op()  # the script trains with DeepSpeed in this process: no shm op built, nothing left in /dev/shm
     return trainer_ds_config(opts)
 
 

@@ -133,7 +133,7 @@ def test_a_first_build_is_announced_and_a_built_one_is_not(tmp_path, monkeypatch
     load = ops.guarded(lambda builder, verbose: calls.append(builder.name) or "module")
     assert load(_FakeBuilder(), False) == "module"
     err = capsys.readouterr().err
-    assert "building DeepSpeed's tiny_op op for this environment (first run only, ~1-4 min on" in err
+    assert "building DeepSpeed's tiny_op op (first run in this environment only, ~1-4 min on" in err
     assert str(tmp_path / "tiny_op") in err
     (tmp_path / "tiny_op" / "tiny_op.so").touch()
     load(_FakeBuilder(), False)
@@ -276,3 +276,41 @@ def test_a_guarded_load_sees_the_parsable_list_then_the_users_again(tmp_path, mo
     (tmp_path / "tiny_op" / "tiny_op.so").touch()
     load(_FakeBuilder(), False)  # built: DeepSpeed still reads the list, but nothing is said
     assert seen == ["9.0", "9.0"] and "TORCH_CUDA_ARCH_LIST" not in capsys.readouterr().err
+
+
+# A CPU host's process group through zero_kit's init, on an empty op cache: which ops were loaded, whether DeepSpeed's
+# backend started the shm op, and whether this rank's /dev/shm workspace exists.
+INIT_PROBE = """
+import os, sys
+from deepspeed.ops.op_builder.builder import OpBuilder
+loaded = []
+real = OpBuilder.jit_load
+OpBuilder.jit_load = lambda self, verbose=True: (loaded.append(self.name), real(self, verbose))[1]
+from deepspeed import comm
+from zero_kit.launch.ops import init_distributed, shm_buffer
+init_distributed("gloo")
+print("loaded", loaded, "shm_op", comm.comm.cdb.shm_comm_op, "buffer", shm_buffer(0).exists(), flush=True)
+"""
+
+
+def test_a_cpu_process_group_builds_and_starts_no_shm_op(tmp_path):
+    """Issue 50: DeepSpeed's torch backend built deepspeed_shm_comm (51.9 s of a 77.7 s first start) and mapped 66 MB
+    per rank in /dev/shm, for an op only inference_all_reduce uses. The pin: DeepSpeed decides by the dict that
+    skip_shm_op edits."""
+    import importlib
+    import inspect
+
+    ds_torch = importlib.import_module("deepspeed.comm.torch")  # `from deepspeed.comm import torch` is torch itself
+
+    assert "__compatible_ops__" in inspect.getsource(ds_torch.build_shm_op)
+    assert "build_shm_op()" in inspect.getsource(ds_torch.TorchBackend.__init__)
+    port = str(__import__("zero_kit.dist", fromlist=["free_port"]).free_port())
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "RANK": "0", "LOCAL_RANK": "0",
+           "WORLD_SIZE": "1", "LOCAL_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}  # fmt: skip
+    before = set(ops.SHM_DIR.iterdir())
+    proc = subprocess.run([sys.executable, "-c", INIT_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "loaded [] shm_op None buffer False" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert not (tmp_path / "ext").exists() or not any((tmp_path / "ext").iterdir()), "an op was built"
+    assert "built successfully" not in proc.stdout + proc.stderr
+    assert set(ops.SHM_DIR.iterdir()) - before == set()

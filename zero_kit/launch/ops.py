@@ -40,8 +40,14 @@ its file before it removes it, and a lock in that instant is being released, not
 QUIET_WAIT_S = 3.0
 """How long a build slot is waited for before saying so: every rank takes it briefly on every start, even when the
 op is built and the load takes a second; only a wait for a real build is news."""
-CPU_OPS = ("ShareMemCommBuilder", "CPUAdamBuilder", "FusedAdamBuilder")
-"""What CPU runs load: the shm all-reduce (init_distributed), fused Adam (ZeRO without offload), CPU Adam."""
+SHM_OP = "deepspeed_shm_comm"
+"""DeepSpeed's shared-memory all-reduce op: on a CPU host its torch backend builds (60-240 s the first time) and
+starts it in every process group, but only `inference_all_reduce` (AutoTP inference layers) calls it; training's
+all-reduce is torch.distributed's."""
+
+CPU_OPS = ("CPUAdamBuilder", "FusedAdamBuilder")
+"""What CPU runs load: fused Adam (ZeRO without offload), CPU Adam (optimizer offload). Not the shm all-reduce,
+which zero-kit's runs never start (`skip_shm_op`)."""
 GPU_OPS = ("CPUAdamBuilder", "FusedAdamBuilder")
 """What GPU runs JIT-build: fused Adam, and CPU Adam for optimizer offload (the shm op is CPU-only)."""
 
@@ -202,11 +208,20 @@ def is_built(build_dir: Path, name: str) -> bool:
     return any(build_dir.glob(f"{name}*.so"))
 
 
+OP_REASONS = {
+    "cpu_adam": "the optimizer steps on the CPU (offload, or DeepSpeedCPUAdam)",
+    "fused_adam": "the config's Adam runs fused in DeepSpeed's engine",
+    SHM_OP: "DeepSpeed's shared-memory all-reduce for inference",
+}
+"""Why a run needs an op, said when it is built (the first run in an environment)."""
+
+
 def announce(name: str, build_dir: Path) -> None:
     cores = len(os.sched_getaffinity(0))
+    why = f": {OP_REASONS[name]}" if name in OP_REASONS else ""
     warn(
-        f"zero-kit: building DeepSpeed's {name} op for this environment (first run only, ~1-4 min on {cores} cores)"
-        f" into {build_dir}"
+        f"zero-kit: building DeepSpeed's {name} op{why} (first run in this environment only, ~1-4 min on {cores} "
+        f"cores) into {build_dir}"
     )
 
 
@@ -287,13 +302,33 @@ def guard_op_builds() -> None:
 SHM_DIR = Path("/dev/shm")
 
 
+def skip_shm_op() -> bool:
+    """Keep DeepSpeed from building and starting its shm op (SHM_OP) in this process: no build, and no 66 MB per
+    rank in /dev/shm. DeepSpeed offers no switch: `TorchBackend.__init__` calls `build_shm_op`, which builds it
+    whenever `deepspeed.ops.__compatible_ops__` says this machine can (deepspeed/comm/torch.py, 0.18 and 0.19; the
+    dict is kept in the module so that edits persist). Marking it incompatible there is the narrowest supported
+    way; `inference_all_reduce` then falls back to torch.distributed. Call before `deepspeed.init_distributed`.
+    False when DeepSpeed is not installed or knows no such op (tests/unit/test_ops_build.py pins it)."""
+    try:
+        import deepspeed.ops
+    except ImportError:
+        return False
+    compatible = deepspeed.ops.__compatible_ops__
+    if SHM_OP not in compatible:
+        return False
+    compatible[SHM_OP] = False
+    return True
+
+
 def init_distributed(backend: str, timeout_s: float | None = None) -> None:
-    """deepspeed.init_distributed, its op loads guarded (no dead lock waited on), and no shared memory left behind
+    """deepspeed.init_distributed without the shm op training never uses (`skip_shm_op`), its other op loads
+    guarded (no dead lock waited on), and no shared memory left behind where the op was started all the same
     (`release_shm_buffer`)."""
     from datetime import timedelta
 
     import deepspeed
 
+    skip_shm_op()
     guard_op_builds()
     deepspeed.init_distributed(
         dist_backend=backend, **({} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)})
