@@ -37,6 +37,33 @@ def _run(argv: list[str], timeout: int = 120) -> tuple[subprocess.CompletedProce
     return done, time.monotonic() - start_s
 
 
+def _wait_stopped(pgid: int, timeout: float = 10.0) -> None:
+    """Until every process of the group is stopped (state T), so the tree taken next cannot change under us."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        group = [p for p in psutil.process_iter() if _pgid(p.pid) == pgid]
+        if all(_status(p) in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, None) for p in group):
+            time.sleep(0.2)  # a rename the kernel already took is visible by now
+            return
+        time.sleep(0.05)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _status(process) -> str | None:
+    try:
+        return process.status()
+    except Exception:  # psutil.Error: gone
+        return None
+
+
 @pytest.fixture(scope="module")
 def first(tmp_path_factory) -> SimpleNamespace:
     """The first run (10 steps), frozen with SIGSTOP once its first checkpoint is complete, so that while it is
@@ -48,6 +75,7 @@ def first(tmp_path_factory) -> SimpleNamespace:
     wait_for(lambda: store.newest_complete(out), "the first run's first complete checkpoint", job, timeout=300)
     os.killpg(job.proc.pid, signal.SIGSTOP)
     try:
+        _wait_stopped(job.proc.pid)  # SIGSTOP lands asynchronously: a heartbeat thread may be writing its file
         before = _tree(out)
         second, second_s = _run(zero_kit("train", *ARGS, "--max-steps", "10", "--output", str(out)))
         after_second = _tree(out)

@@ -34,12 +34,25 @@ def trained(tmp_path_factory) -> dict:
     foreign = _foreign_checkpoint(output)
     before = snapshot(foreign)
     started = time.monotonic()
+    refused = answer("train", "--output", str(output), "--max-steps", "2", "--save-steps", "1", "--no-export", *FAST)
     proc = run(
-        zero_kit("train", "--output", str(output), "--max-steps", "2", "--save-steps", "1", "--no-export", *FAST),
+        zero_kit("train", "--output", str(output), "--max-steps", "2", "--save-steps", "1", "--no-export",
+                 "--overwrite-output", *FAST),
         timeout=400,
-    )
+    )  # fmt: skip
     print(f"\nthe module's one-rank run took {time.monotonic() - started:.1f} s")
-    return {"output": output, "foreign_before": before, "stderr": proc.stderr, "stdout": proc.stdout}
+    return {
+        "output": output,
+        "foreign_before": before,
+        "stderr": proc.stderr,
+        "stdout": proc.stdout,
+        "refused": refused,
+    }
+
+
+def test_case0_an_output_holding_another_tools_files_is_refused_without_overwrite_output(trained):
+    """Issue 52: a non-empty --output zero-kit did not write is refused before anything happens (its files named)."""
+    assert_refused(trained["refused"], "checkpoint-500", "--overwrite-output", code=2)
 
 
 @pytest.fixture
@@ -63,7 +76,8 @@ def test_case1_a_data_mistake_deletes_nothing(tmp_path):
     output = tmp_path / "out"
     _foreign_checkpoint(output)
     before = snapshot(output)
-    found = answer("train", "--output", str(output), "--data", str(tmp_path / "missing.jsonl"), *FAST)
+    found = answer("train", "--output", str(output), "--data", str(tmp_path / "missing.jsonl"), "--overwrite-output",
+                   *FAST)  # fmt: skip
     assert_refused(found, "missing.jsonl", "fix:", code=2)
     assert snapshot(output) == before
 

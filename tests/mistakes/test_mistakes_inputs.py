@@ -112,10 +112,14 @@ CASES = {
     # train: refused in the parent, before the relaunch, with --output's checkpoints untouched
     "train missing data": Case((*TRAIN, "--data", "missing.jsonl"), ("--data missing.jsonl", "no such file")),
     "train missing data, foreign checkpoint": Case(
-        (*TRAIN, "--output", "run", "--data", "missing.jsonl"), ("--data missing.jsonl",)
+        (*TRAIN, "--output", "run", "--overwrite-output", "--data", "missing.jsonl"), ("--data missing.jsonl",)
     ),  # fmt: skip
+    "train into an output holding another tool's files": Case(
+        (*TRAIN, "--output", "run"), ("--output run", "did not write", "--overwrite-output")
+    ),
     "train --resume never, missing data": Case(
-        (*TRAIN, "--output", "run", "--resume", "never", "--data", "missing.jsonl"), ("--data missing.jsonl",)
+        (*TRAIN, "--output", "run", "--overwrite-output", "--resume", "never", "--data", "missing.jsonl"),
+        ("--data missing.jsonl",),
     ),
     "train torn JSONL": Case((*TRAIN, "--data", "torn.jsonl"), ("torn.jsonl: line 2", "not valid JSON")),
     "train wrong format": Case(

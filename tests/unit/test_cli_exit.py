@@ -78,14 +78,26 @@ def test_launch_slurm_says_the_size_it_filled_in(tmp_path, capsys):
     assert "not given" not in capsys.readouterr().err  # rewrites its own script, quietly about sizes given
 
 
-def test_plan_and_config_rewrite_their_own_output_but_not_a_hand_edited_one(tmp_path):
+def test_plan_and_config_keep_a_config_they_would_not_write_unless_forced(tmp_path, capsys):
+    """Issue 53: `config -o` over a generated file whose value was edited by hand (formatting kept) replaced the edit
+    with exit 0. A file holding exactly what the command writes is left as it is; any other is kept without --force."""
     from zero_kit.cli import main
     from zero_kit.errors import UserError
 
     out = tmp_path / "ds.json"
     assert main(["config", "--stage", "2", "-o", str(out)]) == 0
-    assert main(["plan", "--model", "llama-3-8b", "--gpu-mem", "80GB", "-o", str(out)]) == 0  # zero-kit's: replaced
-    out.write_text(out.read_text().replace('"stage"', '"stage" ', 1))  # a hand edit
+    written = out.stat().st_mtime_ns
+    assert main(["config", "--stage", "2", "-o", str(out)]) == 0 and out.stat().st_mtime_ns == written
+    out.write_text(out.read_text().replace('"stage": 2', '"stage": 3'))  # a hand edit of a value, formatting kept
+    edited = out.read_text()
+    for argv in (["config", "--stage", "2", "-o", str(out)], ["plan", "--model", "llama-3-8b", "--gpu-mem", "80GB",
+                                                             "-o", str(out)]):  # fmt: skip
+        capsys.readouterr()
+        assert main(argv) == 2
+        said = capsys.readouterr().err
+        assert "edited by hand" in said and "--force" in said
+        assert out.read_text() == edited
+    out.write_text(out.read_text().replace('"stage"', '"stage" ', 1))  # not even zero-kit's formatting: refused early
     with pytest.raises(UserError, match="--force"):
         from zero_kit.commands.config import check_output
 

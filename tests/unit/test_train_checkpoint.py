@@ -68,8 +68,8 @@ def test_remove_incomplete_and_rotate(tmp_path):
     for step in (1, 2, 3):
         _fake_checkpoint(tmp_path, step, complete=True)
     _fake_checkpoint(tmp_path, 4, complete=False)
-    assert [p.name for p in store.remove_incomplete(tmp_path)] == ["checkpoint-4"]
-    assert [p.name for p in store.rotate(tmp_path, 2)] == ["checkpoint-1"]
+    assert [p.name for p in store.remove_incomplete(tmp_path).removed] == ["checkpoint-4"]
+    assert [p.name for p in store.rotate(tmp_path, 2).removed] == ["checkpoint-1"]
     assert [p.name for p in store.list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
     store.remove_all(tmp_path)
     assert store.list_checkpoints(tmp_path) == [] and not (tmp_path / store.POINTER).exists()
@@ -98,9 +98,9 @@ def test_a_foreign_checkpoint_is_never_deleted_nor_resumed(tmp_path):
     before = {p.name: p.read_bytes() for p in other.iterdir()}
     assert store.foreign(tmp_path) == [other]
     assert store.newest_complete(tmp_path) == tmp_path / "checkpoint-3"
-    assert [p.name for p in store.remove_incomplete(tmp_path)] == ["checkpoint-4"]
-    assert [p.name for p in store.rotate(tmp_path, 1)] == ["checkpoint-2"]
-    assert [p.name for p in store.remove_all(tmp_path)] == ["checkpoint-3"]
+    assert [p.name for p in store.remove_incomplete(tmp_path).removed] == ["checkpoint-4"]
+    assert [p.name for p in store.rotate(tmp_path, 1).removed] == ["checkpoint-2"]
+    assert [p.name for p in store.remove_all(tmp_path).removed] == ["checkpoint-3"]
     assert {p.name: p.read_bytes() for p in other.iterdir()} == before
     with pytest.raises(RuntimeError, match="did not write it"):
         store._delete_ours(other)
@@ -110,7 +110,7 @@ def test_a_deletion_cut_short_stays_ours_and_incomplete(tmp_path):
     path = _fake_checkpoint(tmp_path, 2, complete=True)
     store.mark_partial(path)  # what _delete_ours does first; killed before the manifest went
     assert store.is_ours(path) and not store.is_complete(path)
-    assert store.remove_incomplete(tmp_path) == [path] and not path.exists()
+    assert store.remove_incomplete(tmp_path).removed == [path] and not path.exists()
 
 
 def test_the_callback_marks_before_the_save_and_refuses_a_foreign_directory(tmp_path):
@@ -196,7 +196,7 @@ def test_an_empty_checkpoint_directory_holds_no_work(tmp_path):
     (tmp_path / "checkpoint-8").mkdir()
     (tmp_path / "checkpoint-8" / f".{store.PARTIAL_MARK}.tmp123").write_text("")  # killed mid-mark
     assert store.foreign(tmp_path) == []
-    assert [p.name for p in store.remove_incomplete(tmp_path)] == ["checkpoint-7", "checkpoint-8"]
+    assert [p.name for p in store.remove_incomplete(tmp_path).removed] == ["checkpoint-7", "checkpoint-8"]
 
 
 def test_the_callback_judges_foreign_directories_when_training_begins_not_when_built(tmp_path):
@@ -225,7 +225,7 @@ def test_a_deletion_renames_first_so_no_one_sees_a_checkpoint_half_deleted(tmp_p
         "rmtree",
         lambda path, **kw: (seen.append(store.list_checkpoints(tmp_path)), real_rmtree(path, **kw)),
     )
-    assert store.remove_incomplete(tmp_path) == [ours]
+    assert store.remove_incomplete(tmp_path).removed == [ours]
     assert seen == [[]]  # while rmtree ran, no checkpoint-N was there to be judged
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     leftover = tmp_path / f"{store.DELETING_PREFIX}checkpoint-4.123"  # a removal cut short

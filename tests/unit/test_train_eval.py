@@ -122,10 +122,10 @@ def test_keep_best_keeps_the_lowest_eval_loss_out_of_rotation(tmp_path):
     for step, loss in ((1, 3.0), (2, 1.5), (3, 2.0), (4, None)):
         _complete(tmp_path, step, loss)
     assert store.best_complete(tmp_path).name == "checkpoint-2"
-    removed = store.rotate(tmp_path, 1, keep_best=True)
+    removed = store.rotate(tmp_path, 1, keep_best=True).removed
     assert [p.name for p in removed] == ["checkpoint-1", "checkpoint-3"]
     assert [p.name for p in store.list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-4"]
-    assert [p.name for p in store.rotate(tmp_path, 1)] == ["checkpoint-2"]  # without it: newest only
+    assert [p.name for p in store.rotate(tmp_path, 1).removed] == ["checkpoint-2"]  # without it: newest only
 
 
 def test_trackers_see_perplexity_and_tokens_per_second(tmp_path):

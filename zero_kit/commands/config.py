@@ -110,6 +110,24 @@ def check_output(path: str, flag: str, force: bool) -> None:
     refuse_overwrite(path, flag, force, written_by_zero_kit)
 
 
+def write_config(path: str, text: str, flag: str, force: bool) -> None:
+    """Write a generated config to `path`, unless a file there holds another one and no --force: the same bytes are
+    kept as they are, and a config edited by hand (or made with other flags) is never replaced silently."""
+    try:
+        there = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        there = None
+    if there == text:
+        return
+    if there is not None and not force:
+        raise UserError(
+            f"{flag} {path}: holds a config other than the one this command writes (edited by hand, or made with "
+            "other flags); not overwriting it",
+            f"pass --force to replace it, or choose another {flag}",
+        )
+    write_text(path, text, flag)
+
+
 def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     if args.output:
@@ -125,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.output:
         sys.stdout.write(text)
         return 0
-    write_text(args.output, text, "-o")
+    write_config(args.output, text, "-o", args.force)
     if args.accelerate_yaml:
         nodes = args.nodes or 1
         yaml = accelerate_yaml(str(Path(args.output).resolve()), spec.world_size, nodes, zero3_init=spec.stage == 3)

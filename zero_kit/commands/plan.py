@@ -353,16 +353,16 @@ def run(args: argparse.Namespace) -> int:
             print("zero-kit plan: refused: nothing fits (see above)", file=sys.stderr)
         return 1
     if args.output:
-        write_config(plan, opts, args.output)
+        write_config(plan, opts, args.output, args.force)
     return 0
 
 
-def write_config(plan, opts: PlanOptions, path: str) -> None:
+def write_config(plan, opts: PlanOptions, path: str, force: bool = False) -> None:
     """The recommended option's DeepSpeed config through the generator (FSDP2 -> ZeRO-3, DDP -> ZeRO-0: the
     registry's `stage` of a native strategy is the ZeRO stage that shards the same states)."""
+    from zero_kit.commands.config import write_config as write_json
     from zero_kit.config.builder import build_ds_config, dumps
     from zero_kit.config.spec import ZeroSpec
-    from zero_kit.errors import write_text
 
     best = plan.recommended
     info = best.info
@@ -390,5 +390,5 @@ def write_config(plan, opts: PlanOptions, path: str) -> None:
         hidden_size=plan.work.shape.hidden_size,
         tp=layout.tp if layout is not None else 1,
     )
-    write_text(path, dumps(build_ds_config(spec)), "-o")
+    write_json(path, dumps(build_ds_config(spec)), "-o", force)
     print(f"zero-kit plan: wrote {path} (ZeRO stage {stage}, {best.offload} offload)", file=sys.stderr)

@@ -26,6 +26,7 @@ from zero_kit.checkpoints import store
 from zero_kit.dist import any_rank_and_sum, barrier
 from zero_kit.errors import UserError
 from zero_kit.log import say, warn
+from zero_kit.train.guards.output import LOSS_PNG
 from zero_kit.train.resume import apply_resumed_schedule
 from zero_kit.train.stopping import LOG_FILE
 
@@ -184,7 +185,8 @@ class CompleteCheckpointCallback(TrainerCallback):
             evaluated = self._eval is not None and self._eval[0] == state.global_step
             eval_loss = self._eval[1] if evaluated else None
             store.write_manifest(ckpt, step=state.global_step, world_size=args.world_size, eval_loss=eval_loss)
-            store.rotate(self.output_dir, self.keep, keep_best=self.keep_best)
+            for line in store.rotate(self.output_dir, self.keep, keep_best=self.keep_best).kept_lines():
+                warn(f"zero-kit train: {line}")
         barrier()
 
 
@@ -441,9 +443,6 @@ def counting_trainer(tokens: TokenCount) -> type:
             return super().log(logs, start_time, *args, **kwargs)
 
     return CountingTrainer
-
-
-LOSS_PNG = "loss.png"
 
 
 def loss_points(log_path: Path) -> dict[str, list[tuple[int, float]]]:

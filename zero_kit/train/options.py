@@ -92,7 +92,12 @@ class TrainOptions(ZeroOptions):
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
     output: str = "zero-kit-out"
-    """Output directory: checkpoints, train_log.jsonl, and the exported model in final/."""
+    """Output directory: checkpoints, train_log.jsonl, and the exported model in final/. It must be new, empty, or
+    one zero-kit wrote (see --overwrite-output)."""
+    overwrite_output: bool = False
+    """Go on in an --output that holds files zero-kit did not write: files at the names zero-kit writes are written
+    over (final/, zero_kit_run.yaml, loss.png; train_log.jsonl is appended to); every other file is kept, never
+    deleted."""
     max_steps: int | None = None
     """Optimizer steps to run (default: one pass over the data, see --epochs)."""
     epochs: float = 1.0

@@ -61,6 +61,8 @@ def _start(opts: TrainOptions, environ: dict[str, str], claim_token: str | None)
     # continue fits it: a refusal in the command's first seconds, before any data is tokenized
     plan = plan_run(opts, environ, this_host(), claim_token=claim_token)
     resume.check_resume(plan, speak)
+    if resume.already_done(plan, speak):  # a finished --max-steps run started again: nothing to train or export
+        return 0
     # tokenized once, before any launcher, process group or op build: a relaunch's ranks find it ready
     prepared = rundata.prepare(plan.options, speak)
     clock.mark("prepare")

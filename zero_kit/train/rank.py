@@ -21,13 +21,12 @@ from zero_kit.errors import UserError
 from zero_kit.log import say, warn
 from zero_kit.train import rundata, startup, stopping
 from zero_kit.train.guards import fit, oom, preflight
+from zero_kit.train.guards.output import FINAL_DIR, mark
 from zero_kit.train.lora import apply_lora
 from zero_kit.train.options import TrainOptions, report_targets, write_effective
 from zero_kit.train.plan import PlannerView, RunPlan
 from zero_kit.train.resume import JOB_ID_KEY
 from zero_kit.watchdog import HEARTBEAT_DIR, Heartbeat
-
-FINAL_DIR = "final"
 
 
 @dataclass(frozen=True)
@@ -215,12 +214,11 @@ def _clear_earlier(plan: RunPlan, me: Rank) -> None:
     output = plan.output
     if me.number == 0:
         if plan.options.resume == "never":
-            removed, why = store.remove_all(output), "--resume never: removed earlier checkpoints"
+            done, why = store.remove_all(output), "--resume never: removed earlier checkpoints"
         else:
-            removed, why = store.remove_incomplete(output), "removed checkpoints a cut-short save left"
-        if removed:
-            names = ", ".join(path.name for path in removed)
-            warn(f"zero-kit train: {why} {names} from {output}")
+            done, why = store.remove_incomplete(output), "removed checkpoints a cut-short save left"
+        for line in done.lines(why, output):
+            warn(f"zero-kit train: {line}")
     barrier()
 
 
@@ -264,6 +262,7 @@ def _record_start(plan: RunPlan, me: Rank, held: dict, data: rundata.Data, resum
     run_info = {**_run_info(plan, held, data.stats), "data_cache": data.cache}
     if me.number == 0:
         plan.output.mkdir(parents=True, exist_ok=True)
+        mark(plan.output)  # zero-kit's output from now on (guards.output)
         store.atomic_write_text(plan.output / store.RUN_INFO, json.dumps(run_info, indent=1) + "\n")
         write_effective(plan.options, plan.output)
         _say_start(plan, held, data.stats, resume_from, None if data.eval_dataset is None else len(data.eval_dataset))
@@ -366,6 +365,9 @@ def _export_final(plan: RunPlan, me: Rank) -> None:
         if ckpt is None:
             raise UserError(f"no complete checkpoint in {output} to export", "run with --save-steps or check the log")
         result = export_checkpoint(
-            ckpt, output / FINAL_DIR, force=True, trust_remote_code=plan.options.trust_remote_code
-        )  # final/ is zero-kit's, in --output
+            ckpt,
+            output / FINAL_DIR,
+            force=plan.options.overwrite_output,
+            trust_remote_code=plan.options.trust_remote_code,
+        )  # final/ is an earlier export's, or new: a user's files there were refused before launch (guards.output)
         say(f"zero-kit train: exported {ckpt.name} to {result}")

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from zero_kit.checkpoints import store
 from zero_kit.errors import UserError
-from zero_kit.log import warn
+from zero_kit.log import say, warn
 from zero_kit.train.options import TrainOptions, default_lr
 
 EMBEDDED_MODEL = "the embedded tiny LLaMA"
@@ -113,13 +113,28 @@ def check_resume(plan, speak: bool) -> None:
             check_fits(plan.options, saved, planned_shape(plan), target)
 
 
+def already_done(plan, speak: bool) -> bool:
+    """The checkpoint the run continues already reached --max-steps (the same command run twice, or its
+    zero_kit_run.yaml repeated): the Trainer would train one step past it and replace final/. Says so once."""
+    steps = plan.options.max_steps
+    step = store.checkpoint_step(Path(plan.resume_from)) if plan.resume_from else None
+    if steps is None or step is None or step < steps:
+        return False
+    if speak:
+        say(f"zero-kit train: {plan.resume_from} already reached --max-steps {steps}: nothing to train, "
+            f"{plan.output / 'final'} left as it is (raise --max-steps to train on, or --resume never to start over)")  # fmt: skip
+    return True
+
+
 def resume_target(opts: TrainOptions) -> Path | None:
     """auto: the newest complete zero-kit checkpoint in --output (None: start fresh); never: None; else the given
     directory, which must be a complete zero-kit checkpoint. Reads only: nothing is deleted here."""
     if opts.resume == "never":
         return None
     if opts.resume == "auto":
-        return store.newest_complete(Path(opts.output))
+        newest = store.newest_complete(Path(opts.output))
+        _refuse_damaged_newer(Path(opts.output), newest)
+        return newest
     found = Path(opts.resume)
     if not store.is_complete(found):
         raise UserError(
@@ -127,6 +142,21 @@ def resume_target(opts: TrainOptions) -> Path | None:
             "give a checkpoint-N directory written by zero-kit train, or use --resume auto",
         )
     return found
+
+
+def _refuse_damaged_newer(output: Path, newest: Path | None) -> None:
+    """A checkpoint newer than the newest sound one whose save completed but whose files are no longer all there
+    (a disk fault, a hand-made deletion): never resumed, never deleted; the user decides (store.damage)."""
+    after = store.checkpoint_step(newest) if newest is not None else -1
+    damaged = [(path, what) for path, what in store.damaged(output) if store.checkpoint_step(path) > after]
+    if not damaged:
+        return
+    path, what = damaged[-1]
+    sound = f"--resume {newest} (the newest sound checkpoint)" if newest is not None else "--resume never"
+    raise UserError(
+        f"--resume auto: {path} is damaged ({what}); it was not resumed and nothing was deleted",
+        f"restore the file, or continue with {sound}; move {path.name} out of {output} to go on with --resume auto",
+    )
 
 
 def recorded_shape(ckpt: Path) -> RunShape | None:

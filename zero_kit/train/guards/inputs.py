@@ -166,7 +166,10 @@ def _check_max_length(opts: TrainOptions) -> None:
 
 
 def _check_output(opts: TrainOptions) -> None:
+    from zero_kit.train.guards.output import check_output_is_ours
+
     check_writable_dir(opts.output, "--output")
+    check_output_is_ours(opts)  # a user's files there: refused unless --overwrite-output
 
 
 def _check_nvme_path(opts: TrainOptions) -> None:
