@@ -25,6 +25,8 @@ REQUIRES = {
     "ninja": ">=1.11",
 }
 
+TRL = "trl>=0.29.1,<2"  # the range zero_kit.train.preference.TRL_TESTED checks at run time
+
 setup(
     name="zero_kit",
     version="0.1.0",
@@ -36,18 +38,22 @@ setup(
     package_data={"zero_kit": ["assets/*", "assets/**/*"]},
     include_package_data=True,
     install_requires=[f"{name}{spec}" for name, spec in REQUIRES.items()],
+    # dpo: `zero-kit train --method dpo` runs TRL's DPOTrainer (zero_kit/train/preference.py refuses a run without it,
+    # naming this extra). 0.29.1 is the newest TRL whose requirements admit constraints/oldest.txt (1.x needs
+    # datasets>=4.7); constraints/oldest.txt and newest.txt pin both ends of the range.
     # tensorboard: `zero-kit train --report-to tensorboard` is tested by reading its event files back.
-    # trl: a real third-party client of the generated configs (tests/dist/test_third_party_clients.py runs `trl sft`);
-    # 0.29.1 is the newest TRL whose requirements admit constraints/oldest.txt (1.x needs datasets>=4.7).
+    # trl in dev too: the DPO tests, and a real third-party client of the generated configs
+    # (tests/dist/test_third_party_clients.py runs `trl sft`).
     extras_require={
+        "dpo": [TRL],
         "dev": [
             "pytest>=8",
             "pytest-xdist>=3.5",
             "ruff>=0.6",
             "hypothesis>=6.100",
             "tensorboard>=2.14",
-            "trl>=0.29.1,<2",
-        ]
+            TRL,
+        ],
     },
     entry_points={"console_scripts": ["zero-kit=zero_kit.cli:console"]},
 )

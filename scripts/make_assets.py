@@ -12,6 +12,7 @@ import json
 import random
 from pathlib import Path
 
+from scripts import make_preference_data
 from scripts.asset_corpus import PARAGRAPH_LINKS, TOPICS
 from zero_kit.data.dataset import ALPACA_PROMPT, ALPACA_PROMPT_WITH_INPUT
 
@@ -172,7 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     for fmt, rows in datasets.items():
         write_jsonl(out / "data" / f"{fmt}.jsonl", rows)
         print(f"wrote {len(rows)} rows to {out / 'data' / f'{fmt}.jsonl'}")
-    train_tokenizer(corpus_lines(datasets), out / "tokenizer")
+    print(f"wrote {make_preference_data.write(out / 'data')} rows to {out / 'data' / 'preference.jsonl'}")
+    train_tokenizer(corpus_lines(datasets), out / "tokenizer")  # not on the pairs: the tokenizer stays as it was
     print(f"wrote tokenizer to {out / 'tokenizer'}")
 
 

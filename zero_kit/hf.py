@@ -18,9 +18,15 @@ from typing import Any
 
 from zero_kit.dist import free_port, single_process_env, slurm_to_torch_env, under_launcher
 from zero_kit.errors import UserError, raise_all
+from zero_kit.log import library_notices_to_log
 from zero_kit.train.callbacks import ThroughputCallback
 from zero_kit.train.options import TrainOptions, check_options
 from zero_kit.train.plan import trainer_ds_config
+
+# A script that imports zero_kit.hf trains on libraries that warn about each other's deprecated calls (torch's
+# collectives under DeepSpeed: thousands of lines in an accelerate loop). Those go to OUTPUT/zero_kit.log once
+# training_arguments names the output (held until then); a warning that points at the script itself still shows.
+library_notices_to_log()
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
@@ -76,7 +82,8 @@ def training_arguments(
     device = "cuda" if machine.on_gpu else "cpu"
     config = trainer_ds_config(opts, torch_adam=not machine.on_gpu, device=device)
     chosen = _resolve_precision(choice, config, ds_config, machine)
-    use_extensions_dir()  # DeepSpeed's op builds (the shm op on CPU, Adam) in this environment's own directory
+    library_notices_to_log(output_dir)
+    use_extensions_dir()  # DeepSpeed's op builds (Adam) in this environment's own directory
     kwargs = {k: v for k, v in training_kwargs.items() if k not in ("bf16", "fp16", "use_cpu", "ddp_backend")}
     args = TrainingArguments(
         output_dir,

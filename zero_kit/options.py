@@ -15,6 +15,29 @@ import types
 import typing
 from functools import cache
 
+PORTS = range(1, 65536)
+"""TCP ports a rendezvous can use (0 means "any" to the OS and is no port to meet on)."""
+
+
+class PortError(argparse.ArgumentTypeError, ValueError):
+    """A --master-port out of range: argparse says the message; a run file's reader (a ValueError) says it too."""
+
+
+def port(text: str) -> int:
+    """argparse type of a TCP port (every --master-port): out of 1..65535 it is refused where the flag is parsed,
+    before any command creates a directory or asks the OS to bind it (which raises OverflowError)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise PortError(f"{text!r} is not a port number: pass a TCP port, 1..65535") from None
+    if value not in PORTS:
+        raise PortError(f"{value} is out of range: a TCP port is 1..65535")
+    return value
+
+
+Port = typing.Annotated[int, port]
+"""A dataclass field of this type becomes a flag parsed by `port`."""
+
 
 @cache
 def field_docs(cls: type) -> dict[str, str]:
@@ -38,7 +61,7 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def _base_type(annotation: typing.Any) -> typing.Any:
-    """`int | None` -> int; `Literal[...]` stays."""
+    """`int | None` -> int; `Literal[...]` and `Annotated[int, parse]` (Port) stay."""
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         return args[0] if len(args) == 1 else str
@@ -48,7 +71,7 @@ def _base_type(annotation: typing.Any) -> typing.Any:
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
     """Add one `--flag-name` per field of `cls`; defaults are the dataclass defaults."""
     docs = field_docs(cls)
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     for f in dataclasses.fields(cls):
         if f.name in skip or not f.init:
             continue
@@ -58,6 +81,8 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, *, skip:
         if default not in (None, False):
             help_text += f" (default: {default})"
         kind = _base_type(hints[f.name])
+        if typing.get_origin(kind) is typing.Annotated:  # Annotated[int, port]: the callable parses the flag
+            kind = typing.get_args(kind)[1]
         if kind is bool:
             parser.add_argument(
                 flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_text

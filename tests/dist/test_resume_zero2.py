@@ -14,10 +14,14 @@ tested on its own (the CI compatibility job runs the ZeRO-3 one at the oldest su
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+
+from zero_kit.launch.chatter import is_chatter
+from zero_kit.log import RUN_LOG
 
 from tests.support.jobs import FAST, run, zero_kit
 from tests.support.runs import (
@@ -38,9 +42,23 @@ JOB = ["--stage", "2", "--grad-accum", "2", "--max-steps", str(STEPS), "--save-s
 @pytest.fixture(scope="module")
 def full(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("zero2") / "full"
-    run(zero_kit("train", "--nproc", "2", "--master-port", "29630", "--output", str(out), *JOB))
+    proc = run(zero_kit("train", "--nproc", "2", "--master-port", "29630", "--output", str(out), *JOB))
+    (out.parent / "terminal.json").write_text(json.dumps({"stdout": proc.stdout, "stderr": proc.stderr}))
     assert_trained(out, STEPS, world_size=2, stage=2)
     return out
+
+
+def test_the_terminal_shows_zero_kits_lines_and_the_log_keeps_the_launchers(full):
+    """Issue 50: 25 of the quick start's 73 lines were the deepspeed launcher's and torch's FutureWarnings about
+    DeepSpeed's collectives. They go to OUTPUT/zero_kit.log; the terminal keeps zero-kit's lines and the progress."""
+    terminal = json.loads((full.parent / "terminal.json").read_text())
+    lines = (terminal["stdout"] + terminal["stderr"]).splitlines()
+    assert not [line for line in lines if is_chatter(line) or "Warning" in line], "\n".join(lines)
+    assert all(line.startswith(("zero-kit train: ", "[")) for line in lines if line.strip()), "\n".join(lines)
+    assert sum(" step " in line and " loss " in line for line in lines) == STEPS
+    log = (full / RUN_LOG).read_text()
+    assert "[launch.py:" in log and "Setting CUDA_VISIBLE_DEVICES" in log  # kept, not lost
+    assert "zero-kit train: exported" in log  # the log has every line of the launch, the terminal's too
 
 
 def test_zero2_export_is_deepspeeds_reading(full):

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobs import held_port
+from tests.support.jobs import held_port, pythonpath_with
 from tests.support.mistakes import answer, assert_refused, snapshot
+from zero_kit.checkpoints import store
 
 BINARY = bytes(range(256)) * 4  # not UTF-8, not JSON: a file given by mistake (an image, a checkpoint shard)
 BERT = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": 768, "num_hidden_layers": 12,
@@ -184,3 +185,51 @@ def test_train_refuses_a_master_port_this_host_holds(tmp_path):
         found = answer(*TRAIN, "--master-port", str(port), cwd=tmp_path)
     assert_refused(found, f"--master-port {port}", "holds it already", "leave it out to take a free one", code=2)
     assert snapshot(tmp_path) == before, found.stderr
+
+
+# Issue 52: the two ends a run can only meet while it trains, each one cheap run of the embedded model in one process.
+RUN = ("train", "--max-length", "64", "--micro-batch", "2", "--stall-timeout", "0", "--output", "run")
+RUN_WITHIN_S = 240  # imports, a data cache maybe cold, a few steps on 2 shared cores
+DISK_FULL_SITE = '''"""A disk that fills up mid-save: writing into ZK_FULL_AT (DeepSpeed copies its recovery script
+there last, on rank 0) raises what a full disk raises."""
+import errno
+import os
+import shutil
+
+_copyfile = shutil.copyfile
+
+
+def copyfile(src, dst, *args, **kwargs):
+    if os.environ.get("ZK_FULL_AT", "-") in str(dst).split(os.sep):
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+    return _copyfile(src, dst, *args, **kwargs)
+
+
+shutil.copyfile = copyfile
+'''
+
+
+def test_a_diverged_run_stops_with_one_line_and_exports_nothing(tmp_path):
+    """--lr 1e9 logged `loss 0.0000` and `grad_norm: Infinity` from step 2 and exported the wrecked weights with exit
+    0; now the first non-finite loss stops every rank: one line naming the step and --lr, exit 65, no final/."""
+    found = answer(*RUN, "--max-steps", "3", "--lr", "1e9", cwd=tmp_path, timeout=RUN_WITHIN_S + 60)
+    assert_refused(found, "training diverged at step", "--lr 1e+09", "final/ was not exported", "lower --lr",
+                   code=65, within_s=RUN_WITHIN_S)  # fmt: skip
+    run = tmp_path / "run"
+    assert not (run / "final").exists() and not list(run.glob("checkpoint-*")), sorted(run.iterdir())
+
+
+def test_a_disk_that_fills_up_mid_save_is_one_line_naming_the_intact_checkpoint(tmp_path):
+    """ENOSPC in the save of checkpoint-2 was a traceback from every rank; now one line from rank 0 with the free
+    space, the checkpoint that is intact and the fix, exit 74."""
+    site, work = tmp_path / "site", tmp_path / "work"
+    site.mkdir()
+    work.mkdir()
+    (site / "sitecustomize.py").write_text(DISK_FULL_SITE)
+    found = answer(*RUN, "--max-steps", "2", "--save-steps", "1", cwd=work, timeout=RUN_WITHIN_S + 60,
+                   PYTHONPATH=pythonpath_with(site), ZK_FULL_AT="checkpoint-2")  # fmt: skip
+    assert_refused(found, "--output run: the disk is full", "GiB free) while writing checkpoint-2",
+                   "checkpoint-1 is complete and intact", "--resume auto continues from checkpoint-1", code=74,
+                   within_s=RUN_WITHIN_S)  # fmt: skip
+    run = work / "run"
+    assert store.newest_complete(run) == run / "checkpoint-1" and not (run / "final").exists()

@@ -101,7 +101,7 @@ def test_unreadable_files_are_user_errors_naming_the_file(tmp_path, name):
     data, words = UNREADABLE[name]
     path = _write(tmp_path / name, data)
     with pytest.raises(UserError, match=words) as caught:
-        load_dataset_rows([path], "text")
+        load_dataset_rows([path], "text").refuse_unparsed()  # a JSONL line that is not JSON: a row until refused
     assert str(caught.value).startswith(path)
 
 

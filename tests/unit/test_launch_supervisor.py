@@ -1,13 +1,15 @@
 """zero_kit.launch's supervisor with tiny `python` children: the first failure ends the rest, the timeout ends
 everything, SIGTERM and SIGINT reach every rank (also ranks a launcher put into sessions of their own) and the launch
 then exits 128 + the signal's number, a rank that ignores the signal is killed after the grace, a second SIGINT kills
-at once, launchers in our group ignore a terminal's SIGINT, a stall marker becomes the watchdog's exit code, and no
-child outlives the supervisor."""
+at once while one Ctrl-C delivered twice is one, launchers in our group block a terminal's SIGINT (a handler of their
+own does not fire), a launcher gets SIGTERM when the process that started it dies, a stall marker becomes the
+watchdog's exit code, and no child outlives the supervisor."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -178,13 +180,42 @@ def test_a_rank_that_does_not_stop_is_killed_after_the_grace(tmp_path):
     assert time.monotonic() - started < 20
 
 
-def test_a_second_sigint_kills_at_once(tmp_path):
+def test_a_second_sigint_kills_at_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("zero_kit.launch.supervisor.SAME_CTRL_C_S", 0.1)  # pressed again 0.3 s later: a second Ctrl-C
     launch = _stubborn(tmp_path)
     threading.Thread(target=_signal_when(tmp_path / "ready", signal.SIGINT, times=2), daemon=True).start()
     started = time.monotonic()
     outcome = supervise(launch, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=60, grace=50.0)
     assert outcome.exit_code == 130 and outcome.codes == [-signal.SIGKILL]
     assert time.monotonic() - started < 20, "the second Ctrl-C waited for the grace"
+    assert "zero-kit: a second Ctrl-C: stopping every process at once" in capsys.readouterr().err
+
+
+SAVING = """
+import os, pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[1])
+heard = []
+signal.signal(signal.SIGINT, lambda signum, frame: heard.append(signum))
+(out / f"{os.getpid()}.pid").write_text("")
+while not heard:
+    time.sleep(0.01)
+time.sleep(1.0)  # the save
+(out / f"{os.getpid()}.saved").write_text(str(len(heard)))
+sys.exit(75)
+"""
+
+
+def test_one_ctrl_c_delivered_twice_is_one(tmp_path, capsys):
+    """A terminal's Ctrl-C reaches the whole process group, and a wrapper in it (an IDE's runner, a script's trap) may
+    forward it once more: a SIGINT within SAME_CTRL_C_S of the first is that Ctrl-C again, and the ranks save. (0.2 s
+    apart: two signals at the same instant reach Python's handler once.)"""
+    launch, env = _rank_job(tmp_path)
+    (tmp_path / "zk_rank.py").write_text(SAVING)
+    _when_ranks_run(tmp_path, lambda: [(os.kill(os.getpid(), signal.SIGINT), time.sleep(0.2)) for _ in range(2)])
+    outcome = supervise(launch, env=env, timeout=60, grace=30.0)
+    assert outcome.exit_code == 130 and outcome.codes == [75]
+    assert sorted(_pids(tmp_path, "saved")) == sorted(_pids(tmp_path, "pid")), "a rank was killed before its save"
+    assert "second Ctrl-C" not in capsys.readouterr().err
 
 
 def _signal_when(ready: Path, signum: int, times: int = 1):
@@ -199,16 +230,49 @@ def _signal_when(ready: Path, signum: int, times: int = 1):
     return send
 
 
-def test_launchers_in_our_group_ignore_a_terminals_sigint(tmp_path):
-    """own_groups=False: a launcher without a handler of its own (the local deepspeed runner) must not die of the
-    terminal's Ctrl-C with a traceback; the supervisor forwards the stop to the ranks instead."""
-    probe = "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+LAUNCHER_WITH_A_HANDLER = """
+import os, signal, time
+heard = []
+signal.signal(signal.SIGINT, lambda signum, frame: heard.append(signum))  # as the deepspeed launch.py does
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(0.2)
+print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []), bool(heard))
+"""
+
+
+def test_launchers_in_our_group_block_a_terminals_sigint():
+    """own_groups=False: a launcher must not act on the terminal's Ctrl-C, neither die of it (the local deepspeed
+    runner has no handler) nor run a handler of its own (the deepspeed launch.py SIGKILLs ranks still saving 30 s
+    later); the supervisor forwards the stop to the ranks instead. Blocked, so that an installed handler stays deaf."""
     lines: list[str] = []
-    outcome = supervise(Launch("m", [[PY, "-c", probe]]), own_groups=False,
-                        output=Output(on_line=lambda i, line: lines.append(line.strip())))  # fmt: skip
-    assert outcome.exit_code == 0 and lines == ["True"]
-    supervise(Launch("m", [[PY, "-c", probe]]), output=Output(on_line=lambda i, line: lines.append(line.strip())))
-    assert lines == ["True", "False"], "own sessions keep Python's own SIGINT handling"
+    collect = Output(on_line=lambda i, line: lines.append(line.strip()))
+    launch = Launch("m", [[PY, "-c", LAUNCHER_WITH_A_HANDLER]])
+    assert supervise(launch, own_groups=False, output=collect).exit_code == 0
+    supervise(launch, output=collect)
+    assert lines == ["True False", "False True"], "own sessions keep Python's own SIGINT handling"
+
+
+ORPHANING = """
+import os, signal, subprocess, sys, time
+from zero_kit.launch.supervisor import _launcher_setup
+child = "import pathlib, signal, sys, time; out = pathlib.Path(sys.argv[1]); "
+child += "signal.signal(signal.SIGTERM, lambda s, f: (out / 'term').write_text('') or sys.exit(0)); "
+child += "(out / 'ready').write_text(''); time.sleep(30)"
+subprocess.Popen([sys.executable, "-c", child, sys.argv[1]], preexec_fn=_launcher_setup(shield=True))
+while not os.path.exists(os.path.join(sys.argv[1], "ready")):
+    time.sleep(0.01)
+os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does to the process that started the launcher
+"""
+
+
+def test_a_launcher_gets_sigterm_when_the_process_that_started_it_dies(tmp_path):
+    """The parent-death signal: after a kill -9 of the supervising process its launchers stop, not train on."""
+    ended = subprocess.run([PY, "-c", ORPHANING, str(tmp_path)], timeout=30, check=False)
+    assert ended.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "term").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert (tmp_path / "term").exists(), "the launcher did not get SIGTERM when its parent died"
 
 
 DEAF_ONCE = """
@@ -236,10 +300,16 @@ def test_a_rank_that_missed_the_signal_gets_it_again(tmp_path, monkeypatch):
     assert outcome.codes == [75] and outcome.exit_code == 143
 
 
-def test_a_rank_that_ignores_sigint_while_it_starts_gets_sigterm(tmp_path):
-    """Ranks below a launcher started with SIGINT ignored inherit that until they install a handler: the forwarded
-    Ctrl-C must still end one that is starting up."""
-    (tmp_path / "zk_starting.py").write_text(STUBBORN.replace("signal.signal(signal.SIGTERM, signal.SIG_IGN)", ""))
+@pytest.mark.parametrize(
+    "deaf",
+    ["signal.signal(signal.SIGINT, signal.SIG_IGN)", "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})"],
+    ids=["ignores", "blocks"],
+)
+def test_a_rank_deaf_to_sigint_while_it_starts_gets_sigterm(tmp_path, deaf):
+    """Ranks below a launcher started with SIGINT blocked inherit that until they install a handler (an ignored
+    SIGINT is inherited likewise): the forwarded Ctrl-C must still end one that is starting up."""
+    script = STUBBORN.replace("signal.signal(signal.SIGTERM, signal.SIG_IGN)", "")
+    (tmp_path / "zk_starting.py").write_text(script.replace("signal.signal(signal.SIGINT, signal.SIG_IGN)", deaf))
     launch = Launch("zk_starting", [[PY, "-m", "zk_starting", str(tmp_path / "ready")]])
     threading.Thread(target=_signal_when(tmp_path / "ready", signal.SIGINT), daemon=True).start()
     started = time.monotonic()

@@ -153,13 +153,46 @@ def test_only_the_damaged_checkpoint_offers_a_fresh_start(tmp_path):
 def test_a_run_whose_max_steps_is_reached_trains_nothing(tmp_path, capsys, step, max_steps, done):
     """Issue 53: `--max-steps 3` run twice trained step 4/3 and replaced final/."""
     ckpt = _checkpoint(tmp_path, step)
+    _export(tmp_path)
     plan = SimpleNamespace(options=TrainOptions(output=str(tmp_path), max_steps=max_steps), resume_from=str(ckpt),
                            output=tmp_path)  # fmt: skip
     assert resume.already_done(plan, speak=True) is done
     said = capsys.readouterr().out
-    assert (f"already reached --max-steps {max_steps}: nothing to train" in said) is done
+    assert (
+        f"already reached --max-steps {max_steps}: nothing to train, {tmp_path / 'final'} left as it is" in said
+    ) is done
     fresh = SimpleNamespace(options=plan.options, resume_from=None, output=tmp_path)
     assert resume.already_done(fresh, speak=True) is False
+
+
+def _export(output: Path) -> None:
+    """A finished export of the output's checkpoint: the mark, and the tokenizer written last."""
+    (output / "final").mkdir()
+    (output / "final" / EXPORT_MARK).write_text("")
+    (output / "final" / "tokenizer_config.json").write_text("{}")
+
+
+def test_an_export_a_ctrl_c_cut_short_is_finished_instead(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during the final export, then the printed `--resume auto`: nothing to train, but final/ is written."""
+    import os
+
+    import zero_kit.export
+
+    ckpt = _checkpoint(tmp_path, 3)
+    _export(tmp_path)
+    stamp = (ckpt / store.MANIFEST).stat().st_mtime - 60  # the tokenizer of an earlier export: older than the ckpt
+    os.utime(tmp_path / "final" / "tokenizer_config.json", (stamp, stamp))
+    exported = []
+    monkeypatch.setattr(zero_kit.export, "export_checkpoint", lambda ckpt, out, **kw: exported.append((ckpt, out)))
+    plan = SimpleNamespace(options=TrainOptions(output=str(tmp_path), max_steps=3), resume_from=str(ckpt),
+                           output=tmp_path)  # fmt: skip
+    assert resume.already_done(plan, speak=True) is True
+    assert exported == [(ckpt, tmp_path / "final")]
+    assert "its export to" in capsys.readouterr().out
+    quiet = SimpleNamespace(options=TrainOptions(output=str(tmp_path), max_steps=3, export=False),
+                            resume_from=str(ckpt), output=tmp_path)  # fmt: skip
+    exported.clear()
+    assert resume.already_done(quiet, speak=True) is True and exported == []
 
 
 def test_the_manifest_lists_what_a_rotation_may_delete(tmp_path):

@@ -147,21 +147,25 @@ def test_every_problem_is_reported_at_once(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS])
-def test_disk_errors_during_training_become_user_errors(tmp_path, code):
-    with pytest.raises(UserError) as err, preflight.disk_errors_as_user_errors(tmp_path):
-        raise OSError(code, "boom", str(tmp_path / "checkpoint-4" / "x.pt"))
-    assert "checkpoint-4" in err.value.message and "--resume auto" in err.value.fix
-
-
-def test_wrapped_disk_full_errors_are_recognised(tmp_path):
-    # safetensors raises its own error type with the OS message inside
-    with pytest.raises(UserError, match="the disk is full"), preflight.disk_errors_as_user_errors(tmp_path):
-        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+def test_disk_errors_during_training_become_one_line(tmp_path, code):
+    # more: tests/unit/test_refused_first.py (case 9)
+    error, _ = preflight.disk_full_error(OSError(code, "boom", str(tmp_path / "checkpoint-4" / "x.pt")), tmp_path, 1, 4)
+    assert f"--output {tmp_path}" in error.message and "--resume auto" not in error.fix  # nothing complete yet
+    assert error.exit_code == preflight.EXIT_DISK_FULL
 
 
 def test_other_os_errors_pass_through(tmp_path):
-    with pytest.raises(FileNotFoundError), preflight.disk_errors_as_user_errors(tmp_path):
-        raise FileNotFoundError(errno.ENOENT, "gone")
+    assert preflight.disk_full_error(FileNotFoundError(errno.ENOENT, "gone"), tmp_path, 1, 4) is None
+
+
+def test_room_for_what_save_total_limit_keeps(tmp_path, monkeypatch):
+    need, _ = preflight.checkpoint_bytes(model_shape(TrainOptions()).n_params, "fp32")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**12, 0, int(2.5 * need)))
+    opts = _options(tmp_path)
+    view = planner_view({"zero_optimization": {"stage": 2}}, workload_of(opts, "fp32"), 2, 1, 1)
+    preflight.run_preflight(tmp_path / "out", view, checkpoints=2)
+    with pytest.raises(UserError, match="3 more checkpoints at once need about"):
+        preflight.run_preflight(tmp_path / "out", view, checkpoints=3)
 
 
 def test_enough_host_ram_for_cpu_offload_passes(tmp_path, monkeypatch):

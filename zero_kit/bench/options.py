@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from zero_kit.dist import MULTI_NODE_PORT
+from zero_kit.options import Port
 
 PROGRESS = "[zk-bench]"
 """Prefix of the progress lines rank 0 prints; the driver shows them and keeps the rest in the log."""
@@ -65,8 +66,9 @@ class BenchOptions:
     as named ranges) to OUT/profile/STRATEGY.json."""
     out: str = "bench_out"
     """Output directory: results.jsonl, table.md, PNG plots, logs/."""
-    master_port: int = MULTI_NODE_PORT
-    """First rendezvous port; strategy i uses master_port + i (on one host, a free port where that one is taken)."""
+    master_port: Port = MULTI_NODE_PORT
+    """First rendezvous port (1..65535); strategy i uses master_port + i (on one host, a free port where that one is
+    taken)."""
     timeout: int = 600
     """Seconds allowed per strategy run before it is killed and reported failed."""
     stall_timeout: float = 300

@@ -19,22 +19,33 @@ run's life and naming it (host, pid and that process's start time, Slurm job id 
 - A job Slurm requeued (same job id, a higher restart count) waits for its own earlier run to let go, up to
   REQUEUE_WAIT_S, saying so; it never writes beside it. Still held after that: exit 75, try again later.
 - It goes at the end of the run, whatever the end (a kill -9 leaves a file whose holder is dead).
+- Ranks outlive no parent, and no claim is taken over beside them. A relaunching parent names itself to its ranks
+  (PARENT_ENV); each rank on its host (`bind_rank`) holds a shared flock on OUTPUT/.zero_kit_claim.ranks for its
+  life and leaves, within POLL_S, when that parent is gone (kill -9, the OOM killer: nobody is left to supervise the
+  job or to hold its claim). `take` never takes over the claim of a dead holder while that file's flock is held: it
+  waits up to RANKS_WAIT_S for the old job's ranks to stop, then refuses. One flock, held by the ranks themselves, is
+  the simplest sound record: the kernel drops it when the last of them dies (also by SIGKILL), with no pid list to
+  keep true or to mistake for a reused pid. The holder removes the file when it lets go and no rank holds it. Ranks
+  on other hosts do not bind: a dead peer there fails the job's next collective.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import socket
+import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from zero_kit.errors import EXIT_PREEMPTED, UserError
 from zero_kit.launch.ops import clock, flock_within, owner_record
-from zero_kit.log import warn
+from zero_kit.log import RUN_LOG, warn
 
 CLAIM = ".zero_kit_claim"
 """The claim's token (host:pid:start) a relaunching parent gives its ranks: rank 0 checks it is still the holder."""
@@ -47,6 +58,14 @@ REQUEUE_WAIT_S = 600.0
 """How long a requeued job waits for its own earlier run to let go (Slurm kills it first; a node that died stops
 beating and is dead after STALE_S)."""
 POLL_S = 1.0
+RANKS = ".zero_kit_claim.ranks"
+"""Beside the claim: every rank a relaunching parent started on its host holds a shared flock on it (bind_rank)."""
+RANKS_WAIT_S = 60.0
+"""How long `take` waits for the ranks of a dead holder to stop: within POLL_S while they train, after their imports
+while they start."""
+PARENT_ENV = "ZERO_KIT_PARENT"
+"""The relaunching parent as a holder record (JSON), set for its ranks (`parent_env`, read by `bind_rank`)."""
+_rank_locks: list[int] = []  # bind_rank's open flocked files: held for the process's life
 
 
 @dataclass(frozen=True)
@@ -118,20 +137,28 @@ def read(path: Path) -> Holder | None:
 
 
 def is_alive(holder: Holder, now: float, host: str | None = None, boot: str | None = None) -> bool:
-    """On this host: its pid runs with the recorded start time. Elsewhere: its heartbeat is younger than STALE_S.
-    This host: `host` (default: this hostname) and, where both records have one, the same boot id (`boot`,
-    default: this kernel's)."""
-    boot = boot or boot_id()
-    other_boot = holder.boot_id is not None and boot is not None and holder.boot_id != boot
-    if holder.host != (host or socket.gethostname()) or other_boot:
+    """On this host: its pid runs (not a zombie) with the recorded start time. Elsewhere: its heartbeat is younger
+    than STALE_S. This host: see `on_this_host`."""
+    if not on_this_host(holder, host, boot):
         return now - holder.beat < STALE_S
     import psutil
 
     try:
-        started = psutil.Process(holder.pid).create_time()
+        process = psutil.Process(holder.pid)
+        started = process.create_time()
+        if process.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped by its own parent
+            return False
     except psutil.Error:
         return False
     return holder.pid_started is None or abs(started - holder.pid_started) < 1.0
+
+
+def on_this_host(holder: Holder, host: str | None = None, boot: str | None = None) -> bool:
+    """The holder's host is this one: `host` (default: this hostname) and, where both records have one, the same boot
+    id (`boot`, default: this kernel's)."""
+    boot = boot or boot_id()
+    other_boot = holder.boot_id is not None and boot is not None and holder.boot_id != boot
+    return holder.host == (host or socket.gethostname()) and not other_boot
 
 
 def earlier_self(holder: Holder, mine: Holder) -> bool:
@@ -167,6 +194,7 @@ class Claim:
         try:
             same = os.fstat(self.fd).st_ino == self.path.stat().st_ino
             if same and (held := read(self.path)) is not None and held.token == self.holder.token:
+                _remove_if_unheld(self.path.parent / RANKS)  # while the claim is held: no new ranks can come
                 self.path.unlink()
         except OSError:
             pass
@@ -190,18 +218,20 @@ def hold_claim(output: Path, environ: dict[str, str], wait_s: float = REQUEUE_WA
     return take(output, me(environ), wait_s)
 
 
-def take(output: Path, mine: Holder, wait_s: float = REQUEUE_WAIT_S) -> Claim:
+def take(output: Path, mine: Holder, wait_s: float = REQUEUE_WAIT_S, ranks_wait_s: float = RANKS_WAIT_S) -> Claim:
     """The claim on `output` for `mine`, or a UserError naming the live holder and the ways on. A requeued job's
-    earlier run is waited for, up to `wait_s`."""
-    waited_since = None
+    earlier run is waited for, up to `wait_s`; the ranks of a dead holder still running here, up to `ranks_wait_s`."""
+    waited_since = ranks_since = None
     while True:
-        claim, holder = _try_take(output, mine)
+        claim, holder, ranks_left = _try_take(output, mine)
         if claim is not None:
             return claim
         now = time.time()
-        if not earlier_self(holder, mine):
+        if ranks_left:
+            ranks_since = _wait_for_ranks(output, holder, ranks_since, ranks_wait_s, now)
+        elif not earlier_self(holder, mine):
             raise refusal(output, holder, now)
-        if waited_since is None:
+        elif waited_since is None:
             waited_since = now
             warn(f"zero-kit train: requeued job {mine.job_id} (restart {mine.restart}): waiting up to {wait_s:.0f} s for its earlier "
                  f"run to let go of {output} ({holder.describe(now)})")  # fmt: skip
@@ -215,6 +245,23 @@ def take(output: Path, mine: Holder, wait_s: float = REQUEUE_WAIT_S) -> Claim:
         time.sleep(POLL_S)
 
 
+def _wait_for_ranks(output: Path, holder: Holder | None, since: float | None, wait_s: float, now: float) -> float:
+    """One turn of waiting for the ranks of a run that is gone: said once, refused (exit 75: try again later) after
+    `wait_s`. Returns when the wait started."""
+    who = f"a run that is gone ({holder.describe(now)})" if holder is not None else "a run that is gone"
+    if since is None:
+        warn(f"zero-kit train: {output}: the ranks of {who} still run on this host; waiting up to {wait_s:.0f} s for "
+             "them to stop")  # fmt: skip
+        return now
+    if now - since >= wait_s:
+        raise UserError(
+            f"--output {output}: the ranks of {who} still run on this host after {wait_s:.0f} s; nothing was changed. "
+            f"Wait for them to end, pass another --output, or find them with `fuser -v {output / RANKS}`",
+            exit_code=EXIT_PREEMPTED,
+        )
+    return since
+
+
 def refusal(output: Path, holder: Holder, now: float) -> UserError:
     """The one line of a refused run: the output, the running job and the ways on."""
     return UserError(
@@ -223,8 +270,9 @@ def refusal(output: Path, holder: Holder, now: float) -> UserError:
     )
 
 
-def _try_take(output: Path, mine: Holder) -> tuple[Claim | None, Holder | None]:
-    """(the claim, None) when taken; (None, the live holder) otherwise."""
+def _try_take(output: Path, mine: Holder) -> tuple[Claim | None, Holder | None, bool]:
+    """(the claim, None, False) when taken; (None, the live holder, False), or (None, the dead holder if any, True)
+    while ranks of a run still hold RANKS on this host."""
     path = output / CLAIM
     created = tuple(directory for directory in (output, *output.absolute().parents) if not directory.exists())
     output.mkdir(parents=True, exist_ok=True)
@@ -236,20 +284,23 @@ def _try_take(output: Path, mine: Holder) -> tuple[Claim | None, Holder | None]:
             locked = None
         if locked is False:
             os.close(fd)
-            return None, _read_settled(path) or _unknown(path)
+            return None, _read_settled(path) or _unknown(path), False
         if _same_file(fd, path):
             break
         os.close(fd)  # released meanwhile: its holder removed the file we flocked; take the new one
     holder = read(path)
     if holder is not None and is_alive(holder, time.time(), mine.host, mine.boot_id):
         os.close(fd)
-        return None, holder
+        return None, holder, False
+    if _is_held(output / RANKS):  # its holder died, its ranks still write here
+        os.close(fd)
+        return None, holder, True
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps({key: value for key, value in asdict(mine).items() if key != "beat"}).encode(), 0)
     os.fsync(fd)
     if holder is not None:
         warn(f"zero-kit train: took over {output} from a run that is gone ({holder.describe(time.time())})")
-    return Claim(path, fd, mine, created), None
+    return Claim(path, fd, mine, created), None, False
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -295,3 +346,94 @@ def is_running(output: Path) -> Holder | None:
     """The live run that holds `output`, for readers (`zero-kit export`); None when no run holds it."""
     holder = read(output / CLAIM)
     return holder if holder is not None and is_alive(holder, time.time()) else None
+
+
+def parent_env() -> dict[str, str]:
+    """What a relaunching parent (this process) gives its ranks: itself as a holder record, for `bind_rank`."""
+    record = {key: value for key, value in asdict(me(dict(os.environ))).items() if key != "beat"}
+    return {PARENT_ENV: json.dumps(record)}
+
+
+def bind_rank(output: Path, environ: Mapping[str, str]) -> bool:
+    """A rank of a relaunch, on its parent's host (PARENT_ENV names the parent): hold a shared flock on OUTPUT/RANKS
+    for this process's life (`take` does not take the claim over while it is held), and leave at once when the
+    parent is gone, now or later (a thread looks every POLL_S). False where there is nothing to bind: no
+    relaunching parent (ranks of an outside launcher), or one on another host."""
+    try:
+        parent = Holder(**json.loads(environ[PARENT_ENV]))
+    except (KeyError, ValueError, TypeError):
+        return False
+    if not on_this_host(parent):
+        return False
+    with contextlib.suppress(OSError):  # no flock on this filesystem: the watch alone
+        fd = os.open(output / RANKS, os.O_RDWR | os.O_CREAT, 0o644)
+        _rank_locks.append(fd)
+        _flock_shared(fd)
+    rank = environ.get("RANK", "?")
+    if not is_alive(parent, time.time()):
+        _leave(parent, rank, output)
+    threading.Thread(target=_watch, args=(parent, rank, output), name="zero-kit parent watch", daemon=True).start()
+    return True
+
+
+def _watch(parent: Holder, rank: str, output: Path) -> None:
+    while is_alive(parent, time.time()):
+        time.sleep(POLL_S)
+    _leave(parent, rank, output)
+
+
+def _leave(parent: Holder, rank: str, output: Path) -> None:
+    """Exit at once (1: the launcher then ends the other ranks; nobody is left to read it), saying why: on stderr,
+    and in the run's log (OUTPUT/zero_kit.log), since the parent relayed this rank's output to the terminal."""
+    line = f"zero-kit train: rank {rank} stops: the process that started the job (pid {parent.pid} on {parent.host}) is gone"
+    with contextlib.suppress(Exception):  # a reentrant write from this thread, a closed pipe: leave all the same
+        with open(output / RUN_LOG, "a", encoding="utf-8") as log:
+            log.write(line + "\n")
+        warn(line)
+        sys.stderr.flush()
+    os._exit(1)
+
+
+def _flock_shared(fd: int, seconds: float = 10.0) -> None:
+    """The shared flock on `fd`; an exclusive one (a `take` or a `release` looking) is held for an instant only."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _is_held(path: Path) -> bool:
+    """Whether a process holds a flock on `path` (the ranks of a run, on this host)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:  # no flock on this filesystem: nothing to tell
+        return False
+    finally:
+        os.close(fd)  # drops the flock if it was ours
+
+
+def _remove_if_unheld(path: Path) -> None:
+    """Remove `path` unless a rank holds it (then a later `take` still finds them)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        path.unlink()
+    except OSError:  # held (BlockingIOError), gone meanwhile, or no flock here
+        pass
+    finally:
+        os.close(fd)

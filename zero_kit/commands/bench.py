@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from zero_kit.bench.options import parse_zero_override
 
     parse_zero_override(opts.zero_override)  # refused before any launch, as the ranks will read it
+    _check_last_port(opts)
     _check_outputs(args, opts.out)
     if args.slurm:
         if opts.ds_config:  # without --slurm, run_bench checks it before its first launch
@@ -74,6 +75,21 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print(f"zero-kit bench: failed: {', '.join(failed)} (logs in {opts.out}/logs)", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _check_last_port(opts) -> None:
+    """Run i meets on --master-port + i: the last run's port must be a port too (argparse checked the first)."""
+    from zero_kit.errors import UserError
+    from zero_kit.options import PORTS
+
+    runs = len([name for name in opts.strategies.split(",") if name.strip()]) + (1 if opts.ds_config else 0)
+    last = opts.master_port + runs - 1
+    if last not in PORTS:
+        raise UserError(
+            f"--master-port {opts.master_port}: run {runs} of this bench would meet on port {last}, above 65535"
+            " (run i meets on --master-port + i)",
+            f"pass --master-port {PORTS.stop - runs} or lower",
+        )
 
 
 def _is_bench_out(path) -> bool:

@@ -14,6 +14,7 @@ from zero_kit.dist import MULTI_NODE_PORT
 from zero_kit.errors import UserError, check_writable_file, refuse_overwrite, write_text
 from zero_kit.launch import add_slurm_arguments
 from zero_kit.launch.slurm import DEFAULT_GPUS_PER_NODE, DEFAULT_NODES, fill_size
+from zero_kit.options import port
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--hosts", default="", help="comma-separated host names for --write-hostfile")
     parser.add_argument("--master-addr", default=None, help="first node's address (default: first hostfile host)")
-    parser.add_argument("--master-port", type=int, default=MULTI_NODE_PORT, help="rendezvous port")
+    parser.add_argument("--master-port", type=port, default=MULTI_NODE_PORT, help="rendezvous port (1..65535)")
     parser.add_argument(
         "--module",
         default=None,

@@ -80,6 +80,10 @@ class PlanOptions:
     """LoRA rank: frozen base weights (16-bit) plus adapters on every linear of each block."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer in backward instead of keeping its activations."""
+    method: Literal["sft", "dpo"] = "sft"
+    """dpo: preference tuning (zero-kit train --method dpo): two sequences per pair (--micro-batch counts pairs) and
+    a frozen reference model (its weights per rank; LoRA: none) whose forward each step runs too. Data-parallel
+    layouts only."""
     margin: float = 0.10
     """Fraction of GPU memory kept free for spikes and fragmentation."""
     tp: int | None = None
@@ -314,9 +318,8 @@ def build_inputs(opts: PlanOptions):
     if not 0 <= opts.margin < 1:
         raise UserError(f"--margin must be in [0, 1), got {opts.margin}", "e.g. --margin 0.1")
     label, shape, n_params = resolve_model(opts)
-    work = Workload(
-        shape, n_params, opts.seq_len, opts.micro_batch, opts.precision, opts.lora_r, opts.activation_checkpointing
-    )
+    work = Workload(shape, n_params, opts.seq_len, opts.micro_batch, opts.precision, opts.lora_r,
+                    opts.activation_checkpointing, preference=opts.method == "dpo")  # fmt: skip
     host = parse_size(opts.host_mem, "--host-mem") if opts.host_mem else None
     hardware = Hardware(
         parse_size(opts.gpu_mem, "--gpu-mem"),
@@ -333,7 +336,9 @@ def build_inputs(opts: PlanOptions):
         rates = apply(calibration, rates, work)
     from zero_kit.plan.parallel_options import layouts_from_flags
 
-    flags = (opts.tp, opts.pp, opts.pp_micro_batches, opts.model_parallel)
+    if work.preference and (opts.tp or opts.pp):
+        raise UserError("--method dpo is planned for data-parallel layouts only", "drop --tp/--pp")
+    flags = (opts.tp, opts.pp, opts.pp_micro_batches, opts.model_parallel and not work.preference)
     return label, work, hardware, rates, layouts_from_flags(*flags, work, hardware)
 
 

@@ -5,8 +5,10 @@
     torchrun --nproc_per_node 8 -m zero_kit.cli train --model DIR --stage 2 --lora-r 16
     zero-kit train --config run.yaml --max-steps 10                     # a run file; flags win over it
 
-Exit codes: 0 done; 2 bad input; 75 stopped by SIGTERM after saving a complete checkpoint (relaunch with
---resume auto); anything else: a rank failed (the job resumes from the newest complete checkpoint).
+Exit codes: 0 done; 2 bad input; 65 the loss or gradient norm went NaN/inf (lower --lr); 74 the disk filled up at
+a save; 75 stopped by SIGTERM after saving a complete checkpoint (relaunch with --resume auto); 76 the stall
+watchdog ended it; 130 Ctrl-C (saved); anything else: a rank failed (the job resumes from the newest complete
+checkpoint).
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from zero_kit.data.files import Rows
 from zero_kit.data.pipeline import DataStats, Split, build_parts
+from zero_kit.data.preference import PAIR_TOKENIZATION, PAIRS, build_pairs
 from zero_kit.errors import UserError
 from zero_kit.log import warn
 
@@ -110,6 +111,7 @@ def key_material(spec: DataSpec) -> dict:
     from zero_kit.data.formats import ALPACA_PROMPT, ALPACA_PROMPT_WITH_INPUT
 
     return {
+        **({"pair_tokenization": PAIR_TOKENIZATION} if spec.fmt == PAIRS else {}),  # --method dpo's pairs
         "version": DATA_FORMAT_VERSION,
         "data": data_digests(spec.paths),
         "format": spec.fmt,
@@ -187,10 +189,13 @@ def _build(spec: DataSpec, material: dict, final: Path, load_rows: Callable[[], 
     tmp = final.parent / f".tmp-{final.name}-{socket.gethostname()}-{os.getpid()}"
     try:
         rows = load_rows()
+        if not spec.skip_bad:
+            rows.refuse_unparsed()  # a line that is not JSON, said before the tokenizer's import
         (tmp / "work").mkdir(parents=True)
         warn(f"zero-kit: preparing {len(rows):,} rows of {', '.join(spec.paths)} into {final}")
-        train, held, stats = build_parts(rows, load_tokenizer(), spec.fmt, spec.max_length, skip_bad=spec.skip_bad,
-                                         pack=spec.pack, split=spec.split, workdir=tmp / "work")  # fmt: skip
+        build = build_pairs if spec.fmt == PAIRS else build_parts  # --method dpo's pairs, or the SFT formats
+        train, held, stats = build(rows, load_tokenizer(), spec.fmt, spec.max_length, skip_bad=spec.skip_bad,
+                                   pack=spec.pack, split=spec.split, workdir=tmp / "work")  # fmt: skip
         for split, dataset in (("train", train), ("eval", held)):
             if dataset is not None:
                 write_arrow(dataset, tmp / SPLITS[split])

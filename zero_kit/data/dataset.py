@@ -10,8 +10,9 @@ Formats (guessed from the columns when not given):
   chat    messages: [{role: system|user|assistant, content}] rendered with the tokenizer's chat template
           (a JSON string in CSV cells is fine); the loss sees only the assistant turns (content + end marker).
   text    text -> bos + text + eos, all trained.
-Rows that cannot be used (missing_field, wrong_type, empty, too_long) raise a UserError naming the file, row
-and (JSONL) line, or with skip_bad are skipped and counted in DataStats. Nothing is truncated silently.
+Rows that cannot be used (not_json: a JSONL line that does not parse; missing_field, wrong_type, empty, too_long)
+raise a UserError naming the file, row and (JSONL) line, or with skip_bad are skipped and counted in DataStats.
+Nothing is truncated silently.
 
 Packing (pack=True): examples are laid end to end (never split) into sequences of exactly max_length, filled
 with a padding segment. `position_ids` restart at 0 for every example, and the first label of every example
@@ -28,7 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zero_kit.data.files import Rows, RowSource, read_source
+from zero_kit.data.files import Rows, RowSource, data_files, read_source
 from zero_kit.data.formats import ALPACA_PROMPT, ALPACA_PROMPT_WITH_INPUT, FORMATS, IGNORE_INDEX, check_tokenizer
 from zero_kit.data.pipeline import SKIP_HINT, DataStats, Split, build_parts, held_out, pack_examples
 from zero_kit.errors import UserError
@@ -77,14 +78,17 @@ def guess_format(columns: list[str], path: str = "") -> str:
 
 
 def load_dataset_rows(paths: list[str] | None, fmt: str | None) -> Rows:
-    """Rows from the given files (or the bundled dataset for fmt when paths is None), format resolved."""
+    """Rows from the given files or directories of them (or the bundled dataset for fmt when paths is None), format
+    resolved. A JSONL line that is not JSON is an Unparsed row: tokenize_dataset refuses it unless skip_bad."""
     if fmt is not None:
         _check_format(fmt)
     if not paths:
         paths = [default_data_path(fmt or "alpaca")]
-    sources = [read_source(str(path)) for path in paths]
-    fmt = fmt or guess_format(sources[0].columns, sources[0].path)
-    for source in sources:
+    sources = [read_source(file) for path in paths for file in data_files(str(path))]
+    parsed = [source for source in sources if len(source.unparsed) < len(source.rows)]  # a file of bad lines only:
+    first = (parsed or sources)[0]  # no columns to check; its lines are refused, or skipped, with the bad rows
+    fmt = fmt or guess_format(first.columns, first.path)
+    for source in parsed:
         missing = [column for column in FORMATS[fmt] if column not in source.columns]
         if missing:
             raise UserError(

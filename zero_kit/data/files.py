@@ -1,9 +1,14 @@
-"""Reading training rows from JSONL / JSON / CSV / Parquet files and `datasets.save_to_disk` directories.
+"""Reading training rows from JSONL / JSON / CSV / Parquet files, directories of them and `datasets.save_to_disk`
+directories.
 
 JSON and JSONL are parsed with the standard library, line by line, so an error names the exact line and a
 row with a wrong type stays one bad row (pyarrow's JSON reader would fail the whole file on the first type
-change). CSV, Parquet and saved directories go through pandas/pyarrow into a `datasets.Dataset`. Any file
-that cannot be read becomes a `UserError` naming the file (and the line where one is known).
+change). A JSONL line that is not JSON (or not UTF-8) is kept in its place as an `Unparsed` row: refused with its
+line (`Rows.refuse_unparsed`) unless --skip-bad skips and counts it like any other bad row. A JSON file is one
+document, so a syntax error in it has no rows around it to keep: it is refused, --skip-bad or not. CSV, Parquet and
+saved directories go through pandas/pyarrow into a `datasets.Dataset`. Any file that cannot be read becomes a
+`UserError` naming the file (and the line where one is known). A directory that is not a saved dataset is read as
+its data files (`data_files`: each file directly in it with a known extension, in name order), one dataset.
 """
 
 from __future__ import annotations
@@ -27,6 +32,22 @@ SUFFIXES = {
 SUPPORTED = "JSONL, JSON, CSV, Parquet files or a datasets.save_to_disk directory"
 
 
+@dataclass(frozen=True)
+class Unparsed:
+    """A JSONL line that could not be read as JSON, kept as a row in its place: what --skip-bad skips and counts."""
+
+    line: int
+    detail: str
+    """e.g. "not valid JSON (Expecting value, column 1)"."""
+    fix: str
+
+    def error(self, path: str) -> UserError:
+        return UserError(f"{path}: line {self.line}: {self.detail}", self.fix)
+
+
+SKIP_LINES = "or pass --skip-bad to skip and count such lines"
+
+
 @dataclass
 class RowSource:
     """The rows of one file, with enough bookkeeping to point at a row in an error message."""
@@ -36,6 +57,8 @@ class RowSource:
     rows: Sequence[Any]
     columns: list[str]
     lines: list[int] | None = None
+    unparsed: list[int] = field(default_factory=list)
+    """Indices of the rows that are Unparsed lines."""
 
     def where(self, index: int) -> str:
         line = f" (line {self.lines[index]})" if self.lines else ""
@@ -58,6 +81,12 @@ class Rows:
 
     def __iter__(self) -> Iterator[tuple[RowSource, int, Any]]:
         return self.span(0, self._count)
+
+    def refuse_unparsed(self) -> None:
+        """The first line that is not JSON, as its UserError (where bad rows are not skipped)."""
+        for source in self.sources:
+            if source.unparsed:
+                raise source.rows[source.unparsed[0]].error(source.path)
 
     def locate(self, position: int) -> tuple[RowSource, int]:
         """The source and the index in it of the row at `position` (counted over all sources)."""
@@ -93,18 +122,41 @@ def _decode(path: str, data: bytes) -> str:
         ) from None
 
 
+LINE_FIX = "fix or remove that line; a JSONL file holds one complete JSON object per line"
+DOCUMENT_FIX = (
+    "fix it there: a JSON file is one document, so --skip-bad (which skips bad rows and JSONL lines) cannot skip"
+    " into it; or save the rows as JSONL, one object per line"
+)
+
+
 def _json_value(path: str, text: str, line: int | None) -> Any:
+    """`text` parsed; a UserError naming the place (line: a JSONL line; None: a whole JSON document)."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
         at = f"line {line}" if line else f"line {err.lineno}"
         raise UserError(
-            f"{path}: {at}: not valid JSON ({err.msg}, column {err.colno})",
-            "fix or remove that line; a JSONL file holds one complete JSON object per line",
+            f"{path}: {at}: not valid JSON ({err.msg}, column {err.colno})", LINE_FIX if line else DOCUMENT_FIX
         ) from None
     except (ValueError, RecursionError) as err:  # huge integers, absurd nesting
         where = f"line {line}: " if line else ""
         raise UserError(f"{path}: {where}JSON that cannot be read ({type(err).__name__})", "fix the value") from None
+
+
+def _jsonl_row(path: str, data: bytes, line: int, offset: int) -> Any:
+    """One JSONL line's row, or Unparsed (not UTF-8, not JSON) with the words and fix of the error it would be."""
+    try:
+        text = data.decode("utf-8-sig" if line == 1 else "utf-8")
+    except UnicodeDecodeError as err:
+        detail = f"not valid UTF-8 (byte offset {offset + err.start})"
+        return Unparsed(line, detail, f"save the file as UTF-8, {SKIP_LINES}")
+    if not text.strip():
+        return None
+    try:
+        return _json_value(path, text, line)
+    except UserError as err:
+        detail = err.message.split(f"line {line}: ", 1)[-1]
+        return Unparsed(line, detail, f"{err.fix}, {SKIP_LINES}")
 
 
 def _columns(rows: Sequence[Any]) -> list[str]:
@@ -116,12 +168,17 @@ def _columns(rows: Sequence[Any]) -> list[str]:
 
 
 def read_jsonl(path: str) -> RowSource:
-    rows, lines = [], []
-    for number, line in enumerate(_decode(path, Path(path).read_bytes()).split("\n"), 1):
-        if line.strip():
-            rows.append(_json_value(path, line, number))
-            lines.append(number)
-    return RowSource(path, "jsonl", rows, _columns(rows), lines)
+    rows, lines, unparsed, offset = [], [], [], 0
+    for number, data in enumerate(Path(path).read_bytes().split(b"\n"), 1):
+        row = _jsonl_row(path, data, number, offset) if data.strip() else None
+        offset += len(data) + 1
+        if row is None:
+            continue
+        if isinstance(row, Unparsed):
+            unparsed.append(len(rows))
+        rows.append(row)
+        lines.append(number)
+    return RowSource(path, "jsonl", rows, _columns(rows), lines, unparsed)
 
 
 def read_json(path: str) -> RowSource:
@@ -224,34 +281,56 @@ def _head(path: str) -> tuple[bytes, bool]:
     return (head, True) if whole else (head[: head.rfind(b"\n") + 1], False)
 
 
-def _peek_text_rows(path: str, kind: str, head: bytes, limit: int) -> RowSource:
+def _peek_text_rows(path: str, kind: str, head: bytes, limit: int, skip_bad: bool) -> RowSource:
+    """The first `limit` rows of `head`. Every JSONL line of it is read: the first that is not JSON (or not UTF-8)
+    is refused, unless skip_bad passes such lines over (the run skips and counts them)."""
     import csv
     import io
 
-    text = _decode(path, head)
     if kind == "csv":
-        reader = csv.DictReader(io.StringIO(text))
+        reader = csv.DictReader(io.StringIO(_decode(path, head)))
         rows = [dict(row) for _, row in zip(range(limit), reader, strict=False)]
         return RowSource(path, "csv", rows, list(reader.fieldnames or []))
-    rows, lines = [], []
-    for number, line in enumerate(text.split("\n"), 1):
-        if line.strip() and len(rows) < limit:
-            rows.append(_json_value(path, line, number))
+    rows, lines, offset = [], [], 0
+    for number, data in enumerate(head.split(b"\n"), 1):
+        if skip_bad and len(rows) >= limit:
+            break
+        row = _jsonl_row(path, data, number, offset) if data.strip() else None
+        offset += len(data) + 1
+        if isinstance(row, Unparsed):
+            if not skip_bad:
+                raise row.error(path)
+        elif row is not None and len(rows) < limit:
+            rows.append(row)
             lines.append(number)
     return RowSource(path, "jsonl", rows, _columns(rows), lines)
 
 
-def peek_source(path: str, limit: int = 16) -> tuple[RowSource, bool]:
+def data_files(path: str) -> list[str]:
+    """What `path` (--data, --eval-data) reads: itself (a file, a saved `datasets` directory), or a directory's data
+    files, each file directly in it whose extension is known (SUFFIXES; hidden files left out), in name order."""
+    location = Path(path)
+    if not location.is_dir() or any((location / mark).is_file() for mark in SAVED_MARKS):
+        return [path]
+    names = sorted(p.name for p in location.iterdir() if p.is_file() and p.suffix.lower() in SUFFIXES
+                   and not p.name.startswith("."))  # fmt: skip
+    if not names:
+        raise UserError(
+            f"{path}: no data files in it ({', '.join(sorted(SUFFIXES))}), and not a datasets.save_to_disk directory"
+            f" (no {' or '.join(SAVED_MARKS)})",
+            "put the data files in it, pass the files themselves, or the directory Dataset.save_to_disk wrote",
+        )
+    return [str(location / name) for name in names]
+
+
+def peek_source(path: str, limit: int = 16, skip_bad: bool = False) -> tuple[RowSource, bool]:
     """(The first `limit` rows of `path`, whether its columns are known for the whole file), read cheaply: the
     first MiB of JSONL/CSV, a JSON file under a MiB, a Parquet schema, a saved directory's marks. It fails as
-    `read_source` would on what it reads, so a wrong --data is said in the first second, not by the ranks."""
+    `read_source` would on what it reads, so a wrong --data is said in the first second, not by the ranks; a JSONL
+    line that is not JSON too, unless `skip_bad` (the run skips and counts it). `path`: one of `data_files`."""
     location = Path(path)
     if location.is_dir():
-        if not any((location / mark).is_file() for mark in SAVED_MARKS):
-            raise UserError(
-                f"{path}: a directory without {' or '.join(SAVED_MARKS)}, so not a datasets.save_to_disk directory",
-                "pass the directory written by Dataset.save_to_disk, or the data files themselves",
-            )
+        data_files(path)  # a directory of data files is peeked file by file; an empty one is refused here
         return RowSource(path, "dataset-dir", [], []), False
     if not location.exists():
         raise UserError(f"{path}: no such file or directory", f"pass {SUPPORTED}")
@@ -266,8 +345,9 @@ def peek_source(path: str, limit: int = 16) -> tuple[RowSource, bool]:
             return RowSource(path, "json", [], []), False
         source = read_json(path)
         return RowSource(path, source.kind, source.rows[:limit], source.columns, source.lines), True
-    source = _peek_text_rows(path, kind, head, limit)
-    if whole and not source.rows:
+    source = _peek_text_rows(path, kind, head, limit, skip_bad)
+    all_skipped = skip_bad and kind == "jsonl" and bool(head.strip())  # the run says "no usable rows" with counts
+    if whole and not source.rows and not all_skipped:
         raise UserError(f"{path}: holds no rows", "pass a file with at least one example")
     return source, kind == "csv" or (whole and len(source.rows) < limit)
 

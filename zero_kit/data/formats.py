@@ -97,6 +97,15 @@ def prepare_text(row: Any, tokenizer, bos_eos: tuple[list[int], list[int]]) -> P
     return Prepared([_field(row, "text")], build)
 
 
+def check_message(message: Any, label: str) -> None:
+    """One chat message: a dict with a known role and string content that encodes (`label` names it in the error)."""
+    if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
+        raise BadRow("wrong_type", f"{label} needs a 'role' from {list(CHAT_ROLES)}")
+    if not isinstance(message.get("content"), str):
+        raise BadRow("wrong_type", f"{label} needs a string 'content'")
+    _check_encodable(message["content"], f"{label} content")
+
+
 def chat_messages(row: Any) -> list[dict]:
     """The row's messages, checked: roles from CHAT_ROLES, string contents, at least one assistant turn."""
     if not isinstance(row, dict):
@@ -113,11 +122,7 @@ def chat_messages(row: Any) -> list[dict]:
         raise BadRow("wrong_type", "field 'messages' must be a non-empty list of {role, content} objects")
     checked = []
     for number, message in enumerate(messages, 1):
-        if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
-            raise BadRow("wrong_type", f"message {number} needs a 'role' from {list(CHAT_ROLES)}")
-        if not isinstance(message.get("content"), str):
-            raise BadRow("wrong_type", f"message {number} needs a string 'content'")
-        _check_encodable(message["content"], f"message {number} content")
+        check_message(message, f"message {number}")
         checked.append({"role": message["role"], "content": message["content"]})
     if not any(m["role"] == "assistant" and m["content"].strip() for m in checked):
         raise BadRow("empty", "no non-empty assistant message to train on")

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zero_kit.data.files import Rows
+from zero_kit.data.files import Rows, Unparsed
 from zero_kit.data.formats import IGNORE_INDEX, PREPARERS, BadRow, Prepared, finish, specials, tokenize_texts
 from zero_kit.errors import UserError
 
@@ -28,6 +28,7 @@ CHUNK_ROWS = 1000  # rows tokenized per batched call: fast, and memory stays bou
 ROWS_PER_PROCESS = 20_000
 """Below this many rows per process a worker's start (a fork, the tokenizer unpickled) costs more than it saves."""
 UNREADABLE = "unreadable"  # a row the file's reader could not decode: always an error, never skipped
+NOT_JSON = "not_json"  # a JSONL line that is not JSON (or not UTF-8): refused before tokenizing, or skipped
 
 _ROWS: Rows | None = None
 """The rows being encoded, set around one `Dataset.map`: its forked workers inherit them instead of a pickled copy."""
@@ -84,6 +85,9 @@ def encode_chunk(chunk: list, tokenizer, fmt: str, max_length: int) -> list:
     prepared: list = []
     bos_eos = specials(tokenizer)
     for _source, _index, row in chunk:
+        if isinstance(row, Unparsed):
+            prepared.append(BadRow(NOT_JSON, row.detail))
+            continue
         try:
             prepared.append(PREPARERS[fmt](row, tokenizer, bos_eos))
         except BadRow as bad:
@@ -327,6 +331,8 @@ def build_parts(rows: Rows, tokenizer, fmt: str, max_length: int, *, skip_bad: b
     taken after tokenizing and before packing, so both parts are masked and packed alike. workdir: the Arrow files
     go there (memory-mapped), else everything stays in memory."""
     stats = DataStats()
+    if not skip_bad:
+        rows.refuse_unparsed()  # before any tokenizing (zero_kit.data.cache asks even before the tokenizer loads)
     with progress_bars(shown=workdir is not None and sys.stderr.isatty()):  # a log gets the cache's own lines
         encoded = encode_rows(rows, tokenizer, fmt, max_length, workdir)
     kept = check_bad_rows(encoded, rows, fmt, max_length, skip_bad, stats)

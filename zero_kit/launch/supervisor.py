@@ -6,23 +6,34 @@ Signals go to the ranks themselves (the processes whose `python -m` module is th
 launchers between: the deepspeed launcher answers a SIGTERM by killing its ranks and exiting 1, so a preempted
 rank could not save and exit 75; a launcher that started its ranks elsewhere (pdsh, ssh, srun) gets the signal
 itself. After the first signal the ranks have a grace period (`grace`) to save and leave; then, or at a second
-SIGINT (Ctrl-C pressed again), everything is killed at once. A launch ended by a signal exits 128 + the signal's
-number (130 for SIGINT, 143 for SIGTERM) whatever its launchers returned, so a shell sees what the user did.
+SIGINT (Ctrl-C pressed again, more than SAME_CTRL_C_S later), everything is killed at once. A launch ended by a
+signal exits 128 + the signal's number (130 for SIGINT, 143 for SIGTERM) whatever its launchers returned, so a
+shell sees what the user did.
 
 With own_groups=False the launchers share our process group, so a terminal's Ctrl-C reaches them as well as the ranks
-and us: they start with SIGINT ignored (the local deepspeed runner has no handler of its own and would die with a
-traceback, orphaning its launcher), and we decide what the signal does. A launcher that installs its own handler (the
-deepspeed `launch.py` SIGTERMs its ranks, which take that as the same request to stop) keeps it. Its ranks inherit
-the ignored SIGINT until they install their own handlers: a rank that still ignores it is sent SIGTERM instead.
+and us. They start with SIGINT blocked, and we decide what the signal does: the local deepspeed runner has no handler
+of its own and would die with a traceback, orphaning its launcher; the deepspeed `launch.py` installs one that
+SIGTERMs its ranks and SIGKILLs every rank still saving 30 s later (a checkpoint of a real model takes longer: the
+Ctrl-C lost it). Blocked, not ignored: a handler a launcher installs does not unblock it, and the mask survives fork
+and exec, so the ranks inherit it too until they install their own handlers and unblock it
+(zero_kit.train.stopping, callbacks.PreemptionCallback); a rank that still blocks or ignores SIGINT is sent SIGTERM.
+
+Every launcher is started with the parent-death signal (Linux prctl PR_SET_PDEATHSIG): SIGTERM when the thread that
+started it dies, whatever killed us (kill -9, the OOM killer). The local deepspeed runner then dies; the pdsh one
+kills its remote ranks. The ranks below a launcher watch the process that started the job themselves
+(zero_kit.checkpoints.claim.bind_rank): a grandchild gets no parent-death signal from us.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import itertools
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,7 +53,13 @@ GRACE_S = 60.0
 RESEND_S = 5.0
 """During the grace the signal goes to the ranks again this often: a rank may have missed it (its launcher had not
 started it yet, or it was blocked in a call that never returned to Python); ranks take a repeat as the same request."""
+SAME_CTRL_C_S = 1.5
+"""A SIGINT this soon after the first is the same Ctrl-C, not a second one: one key press can reach us more than once
+(a terminal's Ctrl-C goes to the whole process group, and a wrapper in that group, an IDE's or a notebook's runner,
+a script's `trap`, may forward it again). A person pressing again takes longer."""
 POLL_S = 0.1
+PR_SET_PDEATHSIG = 1
+"""linux/prctl.h"""
 SIGKILL_CODES = (-signal.SIGKILL, 128 + signal.SIGKILL, 256 - signal.SIGKILL)
 """How a process killed by SIGKILL (the kernel's OOM killer sends it) reaches us: as our child (-9), through a
 shell (137), or through the deepspeed launcher, which exits with its rank's -9 (sys.exit(-9): 247)."""
@@ -82,10 +99,12 @@ class Outcome:
 @dataclass(frozen=True)
 class Output:
     """Where the processes' output goes: inherited (default), one file per process, or line by line to
-    `on_line(process index, line)` (piped; read by one thread per process)."""
+    `on_line(process index, line)` (piped; read by one thread per process). With `on_err` too, standard error is
+    piped apart, line by line to it; without, it joins standard output."""
 
     files: Sequence[TextIO] = ()
     on_line: Callable[[int, str], None] | None = None
+    on_err: Callable[[int, str], None] | None = None
 
 
 def supervise(launch: Launch, *, env: dict[str, str] | None = None, timeout: float | None = None,
@@ -131,7 +150,8 @@ class _Run:
         self.readers: list[threading.Thread] = []
         self.failed_order: list[int] = []
         self.timed_out = False
-        self.interrupts = 0
+        self.first_interrupt: float | None = None
+        """When the first SIGINT came (time.monotonic)."""
         self.signal: int | None = None
         self.known: dict[int, object] = {}
         """Every descendant seen so far (psutil.Process): a rank orphaned by its launcher's death is still ours."""
@@ -145,13 +165,16 @@ class _Run:
     def start(self, argvs: list[list[str]], env: dict[str, str], output: Output) -> None:
         for index, argv in enumerate(argvs):
             sink = output.files[index] if output.files else subprocess.PIPE if output.on_line else None
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=sink,
-                                    stderr=subprocess.STDOUT if sink is not None else None, text=True,
+            apart = sink is subprocess.PIPE and output.on_err is not None
+            errors = subprocess.PIPE if apart else subprocess.STDOUT if sink is not None else None
+            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=errors, text=True,
                                     start_new_session=self.own_groups,
-                                    preexec_fn=None if self.own_groups else _ignore_sigint)  # fmt: skip
+                                    preexec_fn=_launcher_setup(shield=not self.own_groups))  # fmt: skip
             self.procs.append(proc)
-            if output.on_line:
-                reader = threading.Thread(target=_pump, args=(proc, index, output.on_line), daemon=True)
+            pumps = [(proc.stdout, output.on_line)] if output.on_line else []
+            pumps += [(proc.stderr, output.on_err)] if apart else []
+            for stream, on_line in pumps:
+                reader = threading.Thread(target=_pump, args=(stream, index, on_line), daemon=True)
                 reader.start()
                 self.readers.append(reader)
 
@@ -214,20 +237,24 @@ class _Run:
 
     def forward(self, signum: int) -> None:
         """The first signal goes to every rank (they finish their step, save and exit) and starts the grace; a
-        second SIGINT kills everything at once. Ranks take a repeated signal as the same request."""
+        second SIGINT kills everything at once, one within SAME_CTRL_C_S of the first is that one again. Ranks
+        take a repeated signal as the same request."""
+        now = time.monotonic()
         self.signal = self.signal or signum
         if self.stop_by is None:
-            self.stop_by = time.monotonic() + self.grace
+            self.stop_by = now + self.grace
         if signum == signal.SIGINT:
-            self.interrupts += 1
-            if self.interrupts > 1:
+            if self.first_interrupt is not None and now - self.first_interrupt <= SAME_CTRL_C_S:
+                return  # the same Ctrl-C, delivered again
+            if self.first_interrupt is not None:
                 warn("zero-kit: a second Ctrl-C: stopping every process at once")
                 self.kill_all()
                 return
+            self.first_interrupt = now
         if self.signal_ranks(signum):
             return
         # No rank of ours to ask: a launcher that started its ranks elsewhere, or one that has not started them
-        # yet. Launchers in our group ignore SIGINT (see the module's docstring): SIGTERM asks them the same.
+        # yet. Launchers in our group block SIGINT (see the module's docstring): SIGTERM asks them the same.
         launcher_signal = signum if self.own_groups else signal.SIGTERM
         for proc in self.procs:
             if proc.poll() is None:
@@ -241,9 +268,9 @@ class _Run:
         ours = [_process(proc.pid) for proc in self.procs if proc.poll() is None]  # a launch may start ranks itself
         ranks = [p for p in [*ours, *found] if p is not None and _runs_module(p, self.module)]
         for rank in ranks:
-            # A rank that still ignores SIGINT (inherited from a launcher started with it ignored, until the rank
+            # A rank that still blocks SIGINT (inherited from a launcher started with it blocked, until the rank
             # installs its own handler) is starting up, with nothing to save yet: SIGTERM ends it.
-            _signal(rank, signal.SIGTERM if signum == signal.SIGINT and _ignores_sigint(rank.pid) else signum)
+            _signal(rank, signal.SIGTERM if signum == signal.SIGINT and _deaf_to_sigint(rank.pid) else signum)
         return bool(ranks)
 
     def kill_all(self) -> None:
@@ -291,23 +318,54 @@ class _SignalsForwarded:
             signal.signal(signum, handler)
 
 
-def _ignore_sigint() -> None:
-    """Run in a launcher between fork and exec: SIG_IGN survives exec, a Python handler would not."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _launcher_setup(shield: bool) -> Callable[[], None]:
+    """What a launcher runs between fork and exec (see the module's docstring): SIGINT blocked when `shield` (a
+    launcher in our process group), and SIGTERM when the thread that starts it dies. Everything it calls is
+    resolved here, before the fork."""
+    parent = os.getpid()
+    set_death_signal = _death_signal_setter()
+    block = signal.pthread_sigmask
+
+    def setup() -> None:
+        if shield:
+            block(signal.SIG_BLOCK, {signal.SIGINT})
+        if set_death_signal is not None:
+            set_death_signal(signal.SIGTERM)
+            if os.getppid() != parent:  # we died between the fork and the prctl: no signal will come
+                os._exit(128 + signal.SIGTERM)
+
+    return setup
 
 
-def _ignores_sigint(pid: int) -> bool:
-    """Whether the process ignores SIGINT (Linux: the SigIgn mask in /proc/PID/status; elsewhere: assume not)."""
+@functools.cache
+def _death_signal_setter() -> Callable[[int], object] | None:
+    """prctl(PR_SET_PDEATHSIG, signum) of the C library (Linux); None elsewhere. The signal comes when the *thread*
+    that forked the process ends, not the process: supervise starts a launch and waits for it in one thread."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return lambda signum: prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+
+
+def _deaf_to_sigint(pid: int) -> bool:
+    """Whether the process blocks or ignores SIGINT (Linux: the SigBlk and SigIgn masks of /proc/PID/status, the
+    former its main thread's; elsewhere: assume not)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
     except OSError:
         return False
-    mask = next((line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), "0")
-    return bool(int(mask, 16) & (1 << (signal.SIGINT - 1)))
+    bit = 1 << (signal.SIGINT - 1)
+    masks = [line.split()[1] for line in status.splitlines() if line.startswith(("SigBlk:", "SigIgn:"))]
+    return any(int(mask, 16) & bit for mask in masks)
 
 
-def _pump(proc: subprocess.Popen, index: int, on_line: Callable[[int, str], None]) -> None:
-    for line in proc.stdout:
+def _pump(stream: TextIO, index: int, on_line: Callable[[int, str], None]) -> None:
+    for line in stream:
         on_line(index, line.replace("\r", ""))  # ssh -tt output ends lines with \r\n
 
 

@@ -263,6 +263,17 @@ def _with_secondary(states: StateBytes, n_params: int, ranks: int, precision: st
 ZERO12_ALIGNMENT = 2  # stage_1_and_2.py nccl_start_alignment_factor: the flat group is padded to a multiple of 2N
 
 
+def reference_bytes(strategy: str, n_params: int, world_size: int, precision: str) -> tuple[int, str]:
+    """(bytes per rank, formula) of a frozen DPO reference model: its weights in the run's parameter dtype and
+    nothing else (TRL prepares it without an optimizer and runs it under no_grad). Partitioned over the ranks at
+    ZeRO-3 (and by FSDP); whole on every rank otherwise: TRL prepares it at ZeRO stage 0 under ZeRO-1/2, whose
+    shards (optimizer states, gradients) a frozen model has none of."""
+    a = DTYPE_BYTES[precision]
+    if strategy.startswith("zero3") or strategy == "fsdp":
+        return -(-a * n_params // world_size), f"{a}Ψ/N"
+    return a * n_params, f"{a}Ψ"
+
+
 def zero12_grad_partition_elements(numels: Sequence[int], world_size: int) -> list[int]:
     """Per rank, the elements of DeepSpeed ZeRO-1/2's gradient partition (`grads_in_partition`, 0.19.8).
 

@@ -19,6 +19,7 @@ from zero_kit.plan.accounting import (
     DTYPE_BYTES,
     StateBytes,
     model_state_bytes,
+    reference_bytes,
     strategy_state_bytes,
     zero12_edge_grad_bytes,
 )
@@ -133,7 +134,7 @@ def _layer_saved(work: Workload, autocast: bool) -> tuple[int, str]:
     autocast casts each projection's input separately (7a bsh). Measured against autograd's saved tensors in
     tests/unit/test_plan.py and benchmarks/plan_memtracker/run.py."""
     s, a = work.shape, DTYPE_BYTES[work.precision]
-    bs = work.micro_batch * work.seq_len
+    bs = work.sequences * work.seq_len  # b: sequences (two per DPO pair)
     mlp, kv = 4 * a * s.intermediate_size, 2 * a * s.kv_size
     if autocast:
         return bs * ((16 + 7 * a) * s.hidden_size + kv + mlp), f"bs[{16 + 7 * a}h + {2 * a}h_kv + {4 * a}I]"
@@ -156,7 +157,7 @@ def _peak_phases(work: Workload, strategy: str, autocast: bool) -> dict[str, Ter
     input (_fsdp_collectives.py foreach_reduce allocates it in reduce_dtype before freeing the gradients).
     """
     s, a = work.shape, DTYPE_BYTES[work.precision]
-    bs = work.micro_batch * work.seq_len
+    bs = work.sequences * work.seq_len  # b: sequences (two per DPO pair)
     bsv = bs * s.vocab_size
     root = s.vocab_size * s.hidden_size * (1 if s.tie_word_embeddings else 2)
     layer, layer_formula = _layer_saved(work, autocast)
@@ -194,7 +195,7 @@ def activation_terms(work: Workload, strategy: str = "") -> Terms:
     to add the loss's and one layer's working sets together, 5-27% above PyTorch's MemTracker/FSDPMemTracker)."""
     s, a = work.shape, DTYPE_BYTES[work.precision]
     autocast = strategy == "ddp" and a == 2 and not work.lora_r  # DDP keeps fp32 weights and runs under autocast
-    bs = work.micro_batch * work.seq_len
+    bs = work.sequences * work.seq_len  # b: sequences (two per DPO pair)
     terms: Terms = {}
     if work.activation_checkpointing:
         residual = 4 if autocast else a
@@ -335,6 +336,9 @@ def comm_bytes_per_step(strategy: str, work: Workload) -> int:
 def evaluate(info: StrategyInfo, work: Workload, hardware: Hardware) -> Option:
     strategy, offload = info.accounting, offload_of(info)
     gpu_states, offloaded, formula = option_state_terms(info, work, hardware)
+    if work.preference and not work.lora_r:  # DPO's frozen reference (LoRA's is the same weights, adapter off)
+        reference = reference_bytes(strategy, work.n_params, hardware.world_size, work.precision)
+        (offloaded if offload == "optimizer+param" else gpu_states)["DPO reference (frozen)"] = reference
     activations = activation_terms(work, strategy)
     assume = hardware.assume
     buffers = buffer_terms(strategy, offload, work, hardware.world_size, assume.cuda_context_bytes)

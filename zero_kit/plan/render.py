@@ -18,6 +18,9 @@ def render_text(plan: Plan, label: str) -> str:
     w, hw = plan.work, plan.hardware
     s = w.shape
     tuning = f"LoRA r={w.lora_r} ({w.trainable_params:,} trainable)" if w.lora_r else "full fine-tune"
+    if w.preference:
+        reference = "the base, adapter off" if w.lora_r else "a frozen copy of the model"
+        tuning += f", DPO (2 sequences per pair; reference: {reference})"
     lines = [
         f"model: {label}: {w.n_params:,} parameters (h={s.hidden_size}, L={s.layers}, heads={s.heads}/{s.kv_heads} kv,"
         f" I={s.intermediate_size}, V={s.vocab_size})",
@@ -172,6 +175,7 @@ def render_json(plan: Plan, label: str) -> str:
             "micro_batch": plan.work.micro_batch,
             "lora_r": plan.work.lora_r,
             "activation_checkpointing": plan.work.activation_checkpointing,
+            "method": "dpo" if plan.work.preference else "sft",
         },
         "hardware": asdict(plan.hardware) | {"world_size": plan.hardware.world_size},
         "units": "bytes",

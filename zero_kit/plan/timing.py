@@ -172,7 +172,9 @@ def compute_seconds(work: Workload, rates: Rates) -> float:
         flops -= 2 * (work.n_params - (work.trainable_params or 0))
     if work.activation_checkpointing:
         flops *= 4 / 3
-    return flops * work.micro_batch * work.seq_len / rates.flops_per_s
+    if work.preference:  # DPO: the frozen reference's forward (2 FLOPs per parameter per token) over both sequences
+        flops += 2 * work.n_params
+    return flops * work.sequences * work.seq_len / rates.flops_per_s
 
 
 def offload_seconds(info: StrategyInfo, work: Workload, hardware: Hardware, rates: Rates) -> tuple[float, float]:
@@ -206,5 +208,5 @@ def step_time(info: StrategyInfo, work: Workload, hardware: Hardware, rates: Rat
         terms[c.tier] += c.seconds
     terms["offload"] = pcie + adam
     terms["overhead"] = overhead = rates.overhead_s.get(info.name, 0.0)
-    tokens = work.micro_batch * work.seq_len * hardware.world_size
+    tokens = work.sequences * work.seq_len * hardware.world_size
     return StepTime(compute, comms, hidden, pcie, adam, overhead, tokens, terms)

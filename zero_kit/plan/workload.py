@@ -1,5 +1,6 @@
-"""What is trained, per rank and step: the model's shape and size, the sequence, micro batch, precision, LoRA and
-activation checkpointing. Shared by the memory, traffic and timing models of `zero-kit plan`."""
+"""What is trained, per rank and step: the model's shape and size, the sequence, micro batch, precision, LoRA,
+activation checkpointing and whether examples are preference pairs (DPO). Shared by the memory, traffic and timing
+models of `zero-kit plan`."""
 
 from __future__ import annotations
 
@@ -18,6 +19,15 @@ class Workload:
     precision: str = "bf16"
     lora_r: int | None = None
     activation_checkpointing: bool = False
+    preference: bool = False
+    """DPO (`--method dpo`): every example is a pair, two sequences through the model, and every step also runs the
+    frozen reference model forward over both (full fine-tuning: a second copy of the weights; LoRA: the same weights,
+    adapter off)."""
+
+    @property
+    def sequences(self) -> int:
+        """Sequences per rank in one forward pass: the micro batch, twice that for preference pairs."""
+        return self.micro_batch * (2 if self.preference else 1)
 
     @property
     def trainable_params(self) -> int | None:

@@ -25,6 +25,7 @@ from transformers import TrainerCallback
 from zero_kit.checkpoints import store
 from zero_kit.dist import any_rank_and_sum, barrier
 from zero_kit.errors import UserError
+from zero_kit.launch.supervisor import SAME_CTRL_C_S
 from zero_kit.log import say, warn
 from zero_kit.train.guards.output import LOSS_PNG
 from zero_kit.train.resume import apply_resumed_schedule
@@ -68,6 +69,7 @@ class ProgressCallback(TrainerCallback):
             "mfu": logs.get("mfu"),
             "elapsed_s": round(elapsed, 2),
             "eta_s": None if eta is None else round(eta, 1),
+            **{name: logs[key] for name, key in PREFERENCE_FIGURES.items() if key in logs},  # --method dpo's
         }
         self._append(record)
         say(_progress_line(record))
@@ -75,6 +77,9 @@ class ProgressCallback(TrainerCallback):
     def _log_eval(self, step: int, logs: dict) -> None:
         loss = logs["eval_loss"]
         record = {"step": step, "eval_loss": loss, "eval_perplexity": logs.get("eval_perplexity", perplexity(loss))}
+        record |= {
+            f"eval_{name}": logs[f"eval_{key}"] for name, key in PREFERENCE_FIGURES.items() if f"eval_{key}" in logs
+        }
         self.evals.append(record)
         self._append(record)
         say(f"eval at step {step}: {_eval_words(record)}")
@@ -103,6 +108,11 @@ class ProgressCallback(TrainerCallback):
             say(f"zero-kit train: loss plot in {path}")
 
 
+PREFERENCE_FIGURES = {"reward_margin": "rewards/margins", "reward_accuracy": "rewards/accuracies",
+                      "reward_chosen": "rewards/chosen", "reward_rejected": "rewards/rejected"}  # fmt: skip
+"""train_log.jsonl's names for the figures TRL's DPOTrainer logs (means over the step's pairs on every rank)."""
+
+
 def _progress_line(r: dict) -> str:
     width = len(str(r["max_steps"]))
     bar_len = 20
@@ -115,12 +125,18 @@ def _progress_line(r: dict) -> str:
         parts.append(f"{r['tokens_per_s']:.0f} tok/s")
     if r["mfu"] is not None:
         parts.append(f"MFU {100 * r['mfu']:.1f}%")
+    if "reward_margin" in r:  # --method dpo: TRL's reward figures (beta x the log-probability ratio to the reference)
+        parts.append(f"margin {r['reward_margin']:.4f}  acc {r['reward_accuracy']:.2f}  chosen "
+                     f"{r['reward_chosen']:.4f}  rejected {r['reward_rejected']:.4f}")  # fmt: skip
     if r["eta_s"] is not None:
         parts.append(f"ETA {_clock(r['eta_s'])}")
     return "  ".join(parts)
 
 
 def _eval_words(record: dict) -> str:
+    if "eval_reward_margin" in record:  # --method dpo: the held-out pairs' margin says more than exp(DPO loss)
+        return (f"eval loss {record['eval_loss']:.4f}, reward margin {record['eval_reward_margin']:.4f}, "
+                f"accuracy {record['eval_reward_accuracy']:.2f}")  # fmt: skip
     return f"eval loss {record['eval_loss']:.4f}, perplexity {record['eval_perplexity']:.3f}"
 
 
@@ -236,10 +252,11 @@ class PreemptionCallback(TrainerCallback):
     Ranks may receive the signal at different steps, so they agree through an all-reduce of the flag at every
     step end (carrying, with `tokens`, the step's trained tokens too: zero_kit.train.callbacks); all of them then save
     the same step. A signal that comes again (a terminal's Ctrl-C reaches a rank
-    directly and once more through the supervisor; the deepspeed launcher adds a SIGTERM) is the same request: the
+    directly and once more through the supervisor; the deepspeed launcher may add a SIGTERM) is the same request: the
     handler only records, and the supervisor, not the rank, answers a second Ctrl-C by killing every process. Only
-    a process that is the whole job (`alone`: one rank, no supervisor above it) takes a second Ctrl-C as "stop at
-    once" itself. After a stop the handlers stay: a late signal must not cut the rank's final barrier short."""
+    a process that is the whole job (`alone`: one rank, no supervisor above it) takes a second Ctrl-C (more than
+    SAME_CTRL_C_S after the first) as "stop at once" itself. After a stop the handlers stay: a late signal must not
+    cut the rank's final barrier short."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -250,8 +267,11 @@ class PreemptionCallback(TrainerCallback):
             tokens  # a zero_kit.train.callbacks.TokenCount: its sum over the ranks rides in the same all-reduce
         )
         self.signum: int | None = None
+        self._first_at = 0.0  # when the first signal came (time.monotonic)
         self.stopped = False
         self._previous = {signum: signal.signal(signum, self._on_signal) for signum in self.SIGNALS}
+        # A relaunch's launchers block SIGINT and its ranks inherit that (zero_kit.launch.supervisor): ours from now
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     @property
     def requested(self) -> bool:
@@ -259,9 +279,13 @@ class PreemptionCallback(TrainerCallback):
 
     def _on_signal(self, signum, frame):
         # No printing here: the handler may run while this thread is inside a print (a reentrant write raises).
-        if self.alone and signum == signal.SIGINT and self.signum == signal.SIGINT:
+        # A Ctrl-C delivered twice within SAME_CTRL_C_S (the terminal's and a wrapper's) is one, as in the supervisor.
+        again = signum == signal.SIGINT and self.signum == signal.SIGINT
+        if self.alone and again and time.monotonic() - self._first_at > SAME_CTRL_C_S:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             raise KeyboardInterrupt  # a second Ctrl-C: the CLI reports it; the checkpoint being written stays partial
+        if self.signum is None:
+            self._first_at = time.monotonic()
         self.signum = self.signum or signum
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -424,13 +448,14 @@ class TokenCount(TrainerCallback):
         self.at_start = state.num_input_tokens_seen
 
 
-def counting_trainer(tokens: TokenCount) -> type:
+def counting_trainer(tokens: TokenCount, base: type | None = None) -> type:
     """The Trainer class of a run: each trained micro batch goes to `tokens`; each log entry gets the count and, with
-    the training's start time, the session's speed, as the Trainer adds them when it counts itself."""
+    the training's start time, the session's speed, as the Trainer adds them when it counts itself. `base`: a
+    Trainer subclass to count in (TRL's DPOTrainer for --method dpo), else the HF Trainer."""
     from transformers import Trainer
     from transformers.trainer_utils import speed_metrics
 
-    class CountingTrainer(Trainer):
+    class CountingTrainer(base or Trainer):
         def training_step(self, model, inputs, *args, **kwargs):
             tokens.add(inputs)
             return super().training_step(model, inputs, *args, **kwargs)

@@ -15,18 +15,12 @@ def apply_lora(model, opts: TrainOptions, zero3: bool = False):
     one micro batch x seq x hidden tensor)."""
     import warnings
 
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
     from zero_kit.model import lora_target_modules
 
     targets = lora_target_modules(opts.lora_targets, model.config.model_type)
-    config = LoraConfig(
-        r=opts.lora_r,
-        lora_alpha=opts.lora_alpha if opts.lora_alpha is not None else 2 * opts.lora_r,
-        lora_dropout=opts.lora_dropout,
-        target_modules=targets,
-        task_type="CAUSAL_LM",
-    )
+    config = lora_config(opts, model.config.model_type)
     try:
         with warnings.catch_warnings():
             # peft >= 0.21 reads model.is_gradient_checkpointing, which transformers >= 5.23 deprecates: their
@@ -40,3 +34,18 @@ def apply_lora(model, opts: TrainOptions, zero3: bool = False):
     if zero3:
         wrapped.enable_input_require_grads()
     return wrapped
+
+
+def lora_config(opts: TrainOptions, model_type: str):
+    """peft's LoraConfig of --lora-r and friends (the family's attention projections unless --lora-targets)."""
+    from peft import LoraConfig
+
+    from zero_kit.model import lora_target_modules
+
+    return LoraConfig(
+        r=opts.lora_r,
+        lora_alpha=opts.lora_alpha if opts.lora_alpha is not None else 2 * opts.lora_r,
+        lora_dropout=opts.lora_dropout,
+        target_modules=lora_target_modules(opts.lora_targets, model_type),
+        task_type="CAUSAL_LM",
+    )

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from zero_kit.config.spec import ZeroOptions, ZeroSpec
 from zero_kit.errors import UserError, raise_all, read_text
 from zero_kit.model import DEFAULT_LORA_TARGETS
+from zero_kit.options import Port
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,8 @@ class TrainOptions(ZeroOptions):
     """Let --model run Python code of its own directory (auto_map in config.json or tokenizer_config.json). Off: such
     a model is refused, since that code runs with your rights. Only for directories whose writers you trust."""
     data: str | None = None
-    """Training data: a JSONL/JSON/CSV/Parquet file, a directory of them, or a saved `datasets` directory. Default: the bundled dataset."""
+    """Training data: a JSONL/JSON/CSV/Parquet file, a directory of them (each such file in it, in name order, as one
+    dataset), or a saved `datasets` directory. Default: the bundled dataset."""
     format: Literal["alpaca", "chat", "text"] = "alpaca"
     """Row format: alpaca (instruction/input/output), chat (a `messages` list) or text (plain causal LM)."""
     max_length: int = 256
@@ -91,6 +93,16 @@ class TrainOptions(ZeroOptions):
     """Dropout on the LoRA input."""
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
+    method: Literal["sft", "dpo"] = "sft"
+    """sft: supervised fine-tuning on --format rows. dpo: preference tuning (TRL's DPOTrainer; pip install
+    'zero_kit[dpo]') on prompt/chosen/rejected rows against a frozen reference model (with --lora-r: the base
+    model, adapter off). Default data: a bundled preference set."""
+    beta: float | None = None
+    """DPO's beta: how far the trained model may move from the reference (higher: less far). Default 0.1."""
+    dpo_loss: Literal["sigmoid", "hinge", "ipo", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
+                      "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm"] | None = None  # fmt: skip
+    """TRL's DPO loss (its loss_type): sigmoid (the DPO paper's, the default), ipo, hinge, ...; the installed TRL
+    must know it."""
     output: str = "zero-kit-out"
     """Output directory: checkpoints, train_log.jsonl, and the exported model in final/. It must be new, empty, or
     one zero-kit wrote (see --overwrite-output)."""
@@ -111,9 +123,12 @@ class TrainOptions(ZeroOptions):
     A job Slurm requeued continues from its own newest complete checkpoint whatever this says."""
     export: bool = True
     """At the end, export a plain Hugging Face directory (or LoRA adapter) to OUTPUT/final."""
+    export_diverged: bool = False
+    """A run whose loss or gradient norm went NaN or infinite stops (exit 65) without a checkpoint of the wrecked
+    weights or final/; with this flag it saves and exports them anyway (to look at them), and still exits 65."""
     nproc: int | None = None
     """When started plainly: re-launch under the `deepspeed` launcher with N ranks on this machine."""
-    master_port: int | None = None
+    master_port: Port | None = None
     """Rendezvous port for --nproc (default: a free port) or --hostfile (default: 29500)."""
     hostfile: str | None = None
     """Hostfile ('HOST slots=N' per line): start the job on every host in it over pdsh/ssh with the deepspeed
@@ -127,6 +142,9 @@ class TrainOptions(ZeroOptions):
     stall_timeout: float = 300
     """End the whole job (exit 76, a report naming each rank's last phase) when no rank has made progress for this
     many seconds; start-up, saves and the export may take 6x as long. 0 disables the watchdog."""
+    verbose: bool = False
+    """Show on the terminal what goes to OUTPUT/zero_kit.log only: the deepspeed launcher's own lines, and the
+    libraries' deprecation warnings about each other's calls (nothing you can act on)."""
     memory_check: bool = True
     """Before any rank starts, check the planner's peak memory (per rank x ranks on this host on CPU, per GPU on
     a GPU) against what the machine has, and refuse a run that cannot fit with the flags that would fit.
@@ -155,7 +173,38 @@ def check_options(opts: TrainOptions) -> None:
         problems.append(UserError("--lora-alpha was given without --lora-r", "add --lora-r R, or drop --lora-alpha"))
     if opts.resume in ("", None):
         problems.append(UserError("--resume is empty", "pass --resume auto, --resume never or --resume CHECKPOINT_DIR"))
-    raise_all(problems + _range_problems(opts) + _eval_problems(opts), "in the flags")
+    raise_all(problems + _empty_paths(opts) + _range_problems(opts) + _eval_problems(opts) + _method_problems(opts),
+              "in the flags")  # fmt: skip
+
+
+def _method_problems(opts: TrainOptions) -> list[UserError]:
+    """--method dpo's flags (whether TRL is installed and knows --dpo-loss: zero_kit.train.guards.inputs)."""
+    bad = []
+    if opts.method != "dpo":
+        given = [flag for flag, value in (("--beta", opts.beta), ("--dpo-loss", opts.dpo_loss)) if value is not None]
+        if given:
+            bad.append(UserError(f"{' and '.join(given)} given without --method dpo",
+                                 f"add --method dpo, or drop {' and '.join(given)}"))  # fmt: skip
+        return bad
+    if opts.beta is not None and not opts.beta > 0:
+        bad.append(UserError(f"--beta must be > 0, got {opts.beta:g}", "pass e.g. --beta 0.1, or leave it out"))
+    if opts.pack:
+        bad.append(UserError("--pack with --method dpo: TRL trains each pair as two whole sequences",
+                             "drop --pack"))  # fmt: skip
+    return bad
+
+
+PATH_FLAGS = ("output", "data", "eval_data", "model", "ds_config", "hostfile", "data_cache", "nvme_path")
+"""Flags that name a file or directory: given as an empty string, each would quietly mean another place."""
+
+
+def _empty_paths(opts: TrainOptions) -> list[UserError]:
+    """`--output ""` would train into the current directory, `--data ""` read it, `--ds-config ""` be ignored."""
+    return [
+        UserError(f"--{name.replace('_', '-')} is empty", f"name a path, or leave --{name.replace('_', '-')} out")
+        for name in PATH_FLAGS
+        if isinstance(getattr(opts, name, None), str) and not getattr(opts, name).strip()
+    ]
 
 
 def _range_problems(opts: TrainOptions) -> list[UserError]:
@@ -178,6 +227,8 @@ def _range_problems(opts: TrainOptions) -> list[UserError]:
         )
     if opts.collective_timeout < 1:
         bad.append(_not_positive("collective_timeout", opts.collective_timeout))
+    if opts.master_port is not None and not 1 <= opts.master_port <= 65535:  # the CLI's parser refuses it first
+        bad.append(UserError(f"--master-port {opts.master_port}: a TCP port is 1..65535", "pass 1..65535, or none"))
     return bad
 
 

@@ -19,12 +19,14 @@ from pathlib import Path
 from zero_kit.checkpoints.claim import hold_claim
 from zero_kit.dist import RENDEZVOUS_PORT, free_port, slurm_to_torch_env, under_launcher
 from zero_kit.launch import Launch, Launcher, from_hostfile, launch_commands, local, redact_argv, supervise
-from zero_kit.log import say, warn
-from zero_kit.model import check_trusted, resolve_model
+from zero_kit.launch.chatter import RunLog
+from zero_kit.log import RUN_LOG, VERBOSE_ENV, say, warn
+from zero_kit.model import check_trusted, hub_id, resolve_model
 from zero_kit.options import options_to_argv
 from zero_kit.train import resume, rundata, startup, stopping
-from zero_kit.train.guards import fit
+from zero_kit.train.guards import fit, preflight
 from zero_kit.train.guards.inputs import check_inputs
+from zero_kit.train.guards.model_files import check_model_files
 from zero_kit.train.options import TrainOptions, check_options
 from zero_kit.train.plan import RunPlan, plan_run, this_host
 from zero_kit.watchdog import HEARTBEAT_DIR
@@ -36,6 +38,8 @@ RUNNER = Launcher("deepspeed", program=(sys.executable, "-m", "deepspeed.launche
 def run_train(opts: TrainOptions) -> int:
     """Run `zero-kit train`; returns the process exit code (0; after SIGINT or SIGTERM see train.stopping)."""
     check_options(opts)
+    if opts.verbose:
+        os.environ[VERBOSE_ENV] = "1"  # this process and the ranks: OUTPUT/zero_kit.log's lines on the terminal too
     # data, model, output, hostfile: before the relaunch, a process group, an op build, any deletion or heavy import
     check_inputs(opts)
     srun_task = slurm_to_torch_env(dict(os.environ))  # an srun task is a rank: torch's variables from SLURM's
@@ -52,8 +56,11 @@ def run_train(opts: TrainOptions) -> int:
 def _start(opts: TrainOptions, environ: dict[str, str], claim_token: str | None) -> int:
     # a Hub id -> its snapshot directory in the Hugging Face cache (downloaded now, once, if the user allows the
     # network): after every cheap check; the plan, the ranks and the run record get the directory
+    given = opts.model
     opts = replace(opts, model=resolve_model(opts.model))
     check_trusted(opts.model, opts.trust_remote_code)  # before a launcher starts ranks that would each refuse it
+    if hub_id(given) is not None:  # a local directory's files were checked with the other inputs
+        check_model_files(opts, Path(opts.model))
     speak = environ.get("RANK", "0") == "0"
     opts = resume.continue_requeued_job(opts, environ, speak)  # Slurm requeued the job: never start over
     clock = startup.StartupClock()  # time to first step, by stage; a relaunch's ranks go on from its marks
@@ -63,6 +70,7 @@ def _start(opts: TrainOptions, environ: dict[str, str], claim_token: str | None)
     resume.check_resume(plan, speak)
     if resume.already_done(plan, speak):  # a finished --max-steps run started again: nothing to train or export
         return 0
+    preflight.refuse_no_room(plan.output, plan.planner(), plan.options)  # the checkpoints it keeps at once
     # tokenized once, before any launcher, process group or op build: a relaunch's ranks find it ready
     prepared = rundata.prepare(plan.options, speak)
     clock.mark("prepare")
@@ -103,21 +111,30 @@ def relaunch(plan: RunPlan, clock: startup.StartupClock, argv: list[str] | None 
     """Run the job's ranks under the `deepspeed` launcher, each with `plan`, and return the job's exit code. argv:
     this command's arguments, for the command that continues a stopped run (default: sys.argv). memory_note: the
     plan and its fix, said with a rank the kernel kills (zero_kit.train.guards.fit.memory_note)."""
+    from zero_kit.checkpoints.claim import parent_env
+
     opts = plan.options
-    env = {**os.environ, **plan.to_env(), **clock.for_ranks(), "PYTHONUNBUFFERED": "1"}
+    # parent_env: the ranks on this host leave when this process is gone, whatever killed it (checkpoints.claim)
+    env = {**os.environ, **plan.to_env(), **clock.for_ranks(), **parent_env(), "PYTHONUNBUFFERED": "1"}
     # With a hostfile the rendezvous is on the first host, whose free ports this host cannot see.
     port = opts.master_port or (RENDEZVOUS_PORT if opts.hostfile else free_port())
     launch = relaunch_plan(opts, opts.nproc, port, environ=env)
     say("zero-kit train: launching " + " ".join(redact_argv(launch.argvs[0][1:], env)))
     # The ranks stay in our process group: whoever ends this job by its group (a scheduler, a test) ends them too.
-    outcome = supervise(launch, env=env, own_groups=False, stall_dir=plan.output / HEARTBEAT_DIR,
-                        name="zero-kit train", memory_note=memory_note)  # fmt: skip
-    if outcome.signal is None:
+    # Every line of the launcher and the ranks goes to OUTPUT/zero_kit.log; the launcher's chatter only there.
+    lines = RunLog(plan.output / RUN_LOG, verbose=os.environ.get(VERBOSE_ENV) == "1")
+    try:
+        outcome = supervise(launch, env=env, own_groups=False, stall_dir=plan.output / HEARTBEAT_DIR,
+                            name="zero-kit train", memory_note=memory_note, output=lines.output())  # fmt: skip
+    finally:
+        lines.close()
+    # What the user did decides, not the ranks' and launchers' own codes; a signal sent to one rank only (its stop is
+    # every rank's, which then exit 130 or 75) is said the same way. The line is said once, after every process ended.
+    signum = outcome.signal or stopping.signal_of(outcome.exit_code)
+    if signum is None:
         return outcome.exit_code
-    # The ranks' and launchers' own codes say little here (the deepspeed launcher exits 1 when a terminal's Ctrl-C
-    # reached it too): what the user did decides, and the line is said once, after every process ended.
-    warn(stopping.stop_line(outcome.signal, plan.output, sys.argv[1:] if argv is None else argv))
-    return stopping.exit_code(outcome.signal)
+    warn(stopping.stop_line(signum, plan.output, sys.argv[1:] if argv is None else argv))
+    return stopping.exit_code(signum)
 
 
 def _warn_if_foreign(checkpoint_dir: Path) -> None:

@@ -352,6 +352,7 @@ def workload_of(opts: TrainOptions, precision: str, shape: LlamaShape | None = N
         precision=precision,
         lora_r=opts.lora_r,
         activation_checkpointing=opts.activation_checkpointing,
+        preference=opts.method == "dpo",  # two sequences per pair and the reference: the memory check counts them
     )
 
 

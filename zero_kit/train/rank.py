@@ -11,20 +11,22 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from zero_kit.checkpoints import store, universal
 from zero_kit.checkpoints.claim import check_handed
 from zero_kit.dist import barrier, end_process_group
 from zero_kit.errors import UserError
-from zero_kit.log import say, warn
+from zero_kit.log import VERBOSE_ENV, say, warn
 from zero_kit.train import rundata, startup, stopping
 from zero_kit.train.guards import fit, oom, preflight
 from zero_kit.train.guards.output import FINAL_DIR, mark
 from zero_kit.train.lora import apply_lora
-from zero_kit.train.options import TrainOptions, report_targets, write_effective
+from zero_kit.train.options import TrainOptions, default_lr, report_targets, write_effective
 from zero_kit.train.plan import PlannerView, RunPlan
+from zero_kit.train.preference import arguments_class, method_arguments
 from zero_kit.train.resume import JOB_ID_KEY
 from zero_kit.watchdog import HEARTBEAT_DIR, Heartbeat
 
@@ -55,7 +57,7 @@ def run_rank(plan: RunPlan, prepared: rundata.Prepared, clock: startup.StartupCl
     finished = False
     try:
         code = _run(plan, prepared, clock, led)
-        finished = True
+        finished = code != preflight.EXIT_DISK_FULL  # a peer may have left in the save: no last barrier
         return code
     finally:
         end_process_group(finished)
@@ -72,7 +74,8 @@ def _run(plan: RunPlan, prepared: rundata.Prepared, clock: startup.StartupClock,
     # ZeRO-3 model is built inside deepspeed.zero.Init and no rank ever holds all of it.
     args = _training_arguments(plan)
     view = plan.planner()
-    preflight.run_preflight(plan.output, view, plan.nvme_dirs)  # output dir, disk space, NVMe path, host RAM
+    kept = preflight.run_checkpoints(plan.options, plan.output)  # checkpoints held at once (--save-total-limit)
+    preflight.run_preflight(plan.output, view, plan.nvme_dirs, kept)  # output dir, disk space, NVMe path, host RAM
     fit.say(fit.check_gpu_memory(plan, view, me.device))  # this rank's GPU against the plan: before the model
     heartbeat = _start_heartbeat(plan, me)
     try:
@@ -120,15 +123,28 @@ def _train(plan: RunPlan, me: Rank, view: PlannerView, args, heartbeat: Heartbea
     data = rundata.load(prepared, tokenizer)  # memory-mapped
     starting("data")
     run_info = _record_start(plan, me, held, data, resume_from)
-    trainer, preemption = _trainer(plan, me, args, model, tokenizer, data, run_info, heartbeat, clock)
+    trainer, preemption, diverged = _trainer(plan, me, args, model, tokenizer, data, run_info, heartbeat, clock)
     _clear_earlier(plan, me)  # the model, the data and the Trainer are built: now earlier work may go
     planned, fix = fit.plan_and_fix(view, plan.options, plan.on_gpu)
-    # a disk that fills up mid-run, an out-of-memory: a message each, no traceback
-    with (
-        preflight.disk_errors_as_user_errors(plan.output),
-        oom.out_of_memory_named(planned, fix, lambda: trainer.state.global_step),
-    ):
-        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    try:
+        with oom.out_of_memory_named(planned, fix, lambda: trainer.state.global_step):  # a message, no traceback
+            trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        return _finish(plan, me, preemption, diverged.found)
+    except Exception as err:  # a disk that filled up, in this rank's write or a peer's that left: one line
+        need, _ = preflight.run_checkpoint_bytes(view)
+        ended = preflight.disk_full_error(err, plan.output, need, trainer.state.global_step)
+        if ended is None:
+            raise
+        error, plain_to_all = ended
+        if me.number == 0 or not plain_to_all:  # rank 0 says it, unless only this rank can know
+            warn(f"zero-kit train: error: {error}")
+        return error.exit_code
+
+
+def _finish(plan: RunPlan, me: Rank, preemption, diverged) -> int:
+    """After training: the exit code of a stop (`diverged`: guards.diverged's finding; a signal), or the export."""
+    if diverged is not None:  # every rank stopped at the same step
+        return _end_diverged(plan, me, diverged)
     if preemption.stopped:  # SIGINT or SIGTERM: saved; the starting process, if it launched us, says the last line
         if me.number == 0 and not me.led:
             argv = sys.argv[1:] if plan.world_size == 1 else None  # else: an outside launcher's ranks
@@ -137,6 +153,24 @@ def _train(plan: RunPlan, me: Rank, view: PlannerView, args, heartbeat: Heartbea
     if plan.options.export:
         _export_final(plan, me)
     return 0
+
+
+def _end_diverged(plan: RunPlan, me: Rank, found) -> int:
+    """A diverged run: no final/ unless --export-diverged; rank 0 says the one line (guards.diverged)."""
+    from zero_kit.train.guards.diverged import EXIT_DIVERGED, diverged_error
+
+    opts = plan.options
+    exported = opts.export_diverged and opts.export
+    if exported:
+        _export_final(plan, me)
+    if me.number == 0:
+        if not opts.export_diverged:
+            store.remove_incomplete(plan.output)  # a save due at that step was begun (marked), never written
+        default = default_lr(replace(opts, lr=None))
+        error = diverged_error(found, plan.learning_rate, default, plan.output, given=opts.lr is not None,
+                               exported=exported)  # fmt: skip
+        warn(f"zero-kit train: error: {error}")
+    return EXIT_DIVERGED
 
 
 def _training_arguments(plan: RunPlan):
@@ -149,7 +183,7 @@ def _training_arguments(plan: RunPlan):
     # whenever the old keyword is passed, even as False; releases before 5.23 know only the old one.
     fields = {field.name for field in dataclasses.fields(TrainingArguments)}
     checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
-    return TrainingArguments(
+    return arguments_class(opts)(  # TrainingArguments, or TRL's DPOConfig (zero_kit.train.preference)
         output_dir=str(plan.output),
         deepspeed=plan.ds_config,
         use_cpu=not on_gpu,
@@ -164,6 +198,7 @@ def _training_arguments(plan: RunPlan):
         save_strategy="steps" if opts.save_steps else "no",
         weight_decay=opts.weight_decay,
         max_grad_norm=opts.gradient_clipping,
+        logging_nan_inf_filter=False,  # a NaN loss must reach the log, where guards.diverged stops the run
         num_train_epochs=opts.epochs,
         save_steps=opts.save_steps or 500,
         save_total_limit=None,  # rotation is ours: only after a newer checkpoint is complete
@@ -174,6 +209,7 @@ def _training_arguments(plan: RunPlan):
         fp16=plan.precision == "fp16",
         **{checkpointing: opts.activation_checkpointing},
         **evaluation_arguments(opts, plan.micro_batch),  # evaluation, and the trackers of --report-to
+        **method_arguments(opts),  # --method dpo's: beta, loss, max length
         disable_tqdm=True,
         remove_unused_columns=False,
         dataloader_num_workers=0,
@@ -235,7 +271,7 @@ def _build_model(opts: TrainOptions, zero3: bool = False):
     held = _gather_held_elements(model)
     if opts.activation_checkpointing:
         model.config.use_cache = False
-    if opts.lora_r is not None:
+    if opts.lora_r is not None and opts.method != "dpo":  # DPO: TRL wraps it, to switch the adapter off
         model = apply_lora(model, opts, zero3)
     return tokenizer, model, held
 
@@ -292,14 +328,19 @@ def _say_start(plan: RunPlan, held: dict, stats, resume_from: Path | None, eval_
     )
     say(f"zero-kit train: {stats.summary()}")
     if eval_size is not None:
-        say(f"zero-kit train: evaluation on {eval_size} sequences")
+        say(f"zero-kit train: evaluation on {eval_size} {'pairs' if plan.options.method == 'dpo' else 'sequences'}")
     say(f"zero-kit train: {'resuming from ' + str(resume_from) if resume_from else 'starting fresh'}")
 
 
 def _trainer(plan: RunPlan, me: Rank, args, model, tokenizer, data: rundata.Data, run_info: dict,
              heartbeat: Heartbeat | None, clock: startup.StartupClock):  # fmt: skip
-    """The HF Trainer with our callbacks, and the preemption callback (`stopped`: the run ended on SIGTERM)."""
+    """The HF Trainer with our callbacks, the preemption callback (`stopped`: the run ended on SIGTERM) and the
+    divergence callback (`found`: the run stopped on a NaN or infinite loss or gradient norm)."""
     from transformers import PrinterCallback
+    from transformers.utils import logging as hf_logging
+
+    if os.environ.get(VERBOSE_ENV) != "1":
+        hf_logging.disable_progress_bar()  # a bar per checkpoint's shard writing: the progress line says enough
 
     from zero_kit.train.callbacks import (
         CompleteCheckpointCallback,
@@ -316,16 +357,19 @@ def _trainer(plan: RunPlan, me: Rank, args, model, tokenizer, data: rundata.Data
         before_trackers,
         counting_trainer,
     )
+    from zero_kit.train.guards.diverged import DivergenceCallback
 
     throughput = ThroughputCallback(model, seq_len=plan.options.max_length, precision=plan.precision)
     tokens = TokenCount(tokenizer.pad_token_id)  # summed over the ranks in the preemption check's all-reduce
     preemption = PreemptionCallback(me.number, alone=plan.world_size == 1, tokens=tokens)
     opts, perplexity = plan.options, PerplexityCallback()
+    diverged = DivergenceCallback(loss_scaled=plan.precision == "fp16", keep=opts.export_diverged)
     callbacks = [
         throughput,
         perplexity,
         tokens,
         ProgressCallback(plan.output, throughput),
+        diverged,  # after the step's line is said; before the save it may call off
         SaveAtEndCallback(),
         ResumedScheduleCallback(),
         StartupCallback(clock, plan.output, me.number == 0),
@@ -334,7 +378,23 @@ def _trainer(plan: RunPlan, me: Rank, args, model, tokenizer, data: rundata.Data
         CompleteCheckpointCallback(plan.output, opts.save_total_limit, run_info, keep_best=opts.keep_best),
         *([HeartbeatCallback(heartbeat)] if heartbeat is not None else []),  # last: sees this step's save decision
     ]
-    trainer = counting_trainer(tokens)(
+    trainer = _build_trainer(plan, me, partial(counting_trainer, tokens), model, args, tokenizer, data, callbacks)
+    trainer.remove_callback(PrinterCallback)  # our ProgressCallback says the same, readably, on rank 0 only
+    before_trackers(trainer, throughput, perplexity)  # the trackers get tokens/s, MFU and perplexity too
+    return trainer, preemption, diverged
+
+
+def _build_trainer(plan: RunPlan, me: Rank, counting, model, args, tokenizer, data: rundata.Data, callbacks: list):
+    """The HF Trainer (counting the tokens it trains: callbacks.counting_trainer), or for --method dpo TRL's
+    DPOTrainer with its reference model (zero_kit.train.preference)."""
+    if plan.options.method == "dpo":
+        from zero_kit.train import preference
+
+        trainer = preference.dpo_trainer(preference.trainer_class(counting), plan.options, model, args, tokenizer,
+                                         data, callbacks, zero3=plan.zero_stage == 3)  # fmt: skip
+        preference.say_reference(trainer, _gather_held_elements, me.number == 0)
+        return trainer
+    return counting()(
         model=model,
         args=args,
         train_dataset=data.dataset,
@@ -343,9 +403,6 @@ def _trainer(plan: RunPlan, me: Rank, args, model, tokenizer, data: rundata.Data
         processing_class=tokenizer,
         callbacks=callbacks,
     )
-    trainer.remove_callback(PrinterCallback)  # our ProgressCallback says the same, readably, on rank 0 only
-    before_trackers(trainer, throughput, perplexity)  # the trackers get tokens/s, MFU and perplexity too
-    return trainer, preemption
 
 
 def _export_final(plan: RunPlan, me: Rank) -> None:

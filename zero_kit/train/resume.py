@@ -51,9 +51,12 @@ class RunShape:
     model: str
     lora_r: int | None
     precision: str | None
+    method: str = "sft"
+    """sft or dpo (--method): a DPO run does not continue an SFT run's checkpoint, nor the reverse."""
 
     def describe(self) -> str:
         tuning = f"LoRA r={self.lora_r}" if self.lora_r is not None else "full fine-tuning"
+        tuning += ", DPO" if self.method == "dpo" else ""
         parts = [f"ZeRO-{self.stage}" if self.stage is not None else "ZeRO stage ?"]
         parts.append(f"{self.world_size} rank(s)" if self.world_size else "? ranks")
         parts += [tuning, f"model {self.model}", self.precision or "precision auto"]
@@ -115,15 +118,41 @@ def check_resume(plan, speak: bool) -> None:
 
 def already_done(plan, speak: bool) -> bool:
     """The checkpoint the run continues already reached --max-steps (the same command run twice, or its
-    zero_kit_run.yaml repeated): the Trainer would train one step past it and replace final/. Says so once."""
+    zero_kit_run.yaml repeated): the Trainer would train one step past it and replace final/. Nothing is trained;
+    final/ is left as it is, or, when the export of that checkpoint was cut short (a Ctrl-C during it), written
+    now. The process that speaks says so in one line and does that export."""
     steps = plan.options.max_steps
-    step = store.checkpoint_step(Path(plan.resume_from)) if plan.resume_from else None
+    ckpt = Path(plan.resume_from) if plan.resume_from else None
+    step = store.checkpoint_step(ckpt) if ckpt is not None else None
     if steps is None or step is None or step < steps:
         return False
-    if speak:
-        say(f"zero-kit train: {plan.resume_from} already reached --max-steps {steps}: nothing to train, "
-            f"{plan.output / 'final'} left as it is (raise --max-steps to train on, or --resume never to start over)")  # fmt: skip
+    final = plan.output / "final"
+    if not speak:
+        return True
+    if plan.options.export and not _exported(ckpt, final):
+        from zero_kit.export import export_checkpoint
+
+        say(f"zero-kit train: {ckpt} already reached --max-steps {steps}: nothing to train; its export to {final} "
+            "was not finished, exporting it now")  # fmt: skip
+        export_checkpoint(ckpt, final, force=plan.options.overwrite_output,
+                          trust_remote_code=plan.options.trust_remote_code)  # fmt: skip
+        say(f"zero-kit train: exported {ckpt.name} to {final}")
+        return True
+    say(f"zero-kit train: {ckpt} already reached --max-steps {steps}: nothing to train, {final} left as it is "
+        "(raise --max-steps to train on, or --resume never to start over)")  # fmt: skip
     return True
+
+
+def _exported(ckpt: Path, final: Path) -> bool:
+    """final/ holds an export finished after `ckpt` was complete: the export writes the tokenizer last."""
+    from zero_kit.export.checks import EXPORT_MARK
+
+    try:
+        return (final / EXPORT_MARK).is_file() and (
+            (final / "tokenizer_config.json").stat().st_mtime >= (ckpt / store.MANIFEST).stat().st_mtime
+        )
+    except OSError:
+        return False
 
 
 def resume_target(opts: TrainOptions) -> Path | None:
@@ -171,6 +200,7 @@ def recorded_shape(ckpt: Path) -> RunShape | None:
                 model=options.get("model") or EMBEDDED_MODEL,
                 lora_r=options.get("lora_r"),
                 precision=info.get("precision") or _explicit(options.get("precision")),
+                method=options.get("method") or "sft",  # records before --method: SFT
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
@@ -186,6 +216,7 @@ def planned_shape(plan) -> RunShape:
         model=options.model or EMBEDDED_MODEL,
         lora_r=options.lora_r,
         precision=plan.precision,
+        method=options.method,
     )
 
 
@@ -195,10 +226,11 @@ def _explicit(precision: object) -> str | None:
 
 def check_fits(opts: TrainOptions, saved: RunShape, new: RunShape, target: Path) -> None:
     """One error naming both runs and the three ways on, when `new` cannot continue `saved`'s checkpoint."""
-    differs = [name for name in ("stage", "model", "lora_r", "precision") if _differ(saved, new, name)]
+    differs = [name for name in ("stage", "model", "lora_r", "precision", "method") if _differ(saved, new, name)]
     if not differs:
         return
-    what = {"stage": "ZeRO stage", "model": "model", "lora_r": "LoRA vs full (or LoRA rank)", "precision": "precision"}
+    what = {"stage": "ZeRO stage", "model": "model", "lora_r": "LoRA vs full (or LoRA rank)", "precision": "precision",
+            "method": "method (sft vs dpo)"}  # fmt: skip
     flag = "--resume auto" if opts.resume == "auto" else f"--resume {opts.resume}"
     raise UserError(
         f"{flag}: {target} was written by another kind of run ({saved.describe()}); this run is "
@@ -227,6 +259,8 @@ def _matching_flags(saved: RunShape, differs: list[str]) -> str:
         flags.append("no --lora-r" if saved.lora_r is None else f"--lora-r {saved.lora_r}")
     if "precision" in differs:
         flags.append(f"--precision {saved.precision}")
+    if "method" in differs:
+        flags.append(f"--method {saved.method}")
     return "the checkpoint's flags: " + " ".join(flags)
 
 

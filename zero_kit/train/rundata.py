@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from zero_kit.data.cache import DataSpec, Entry, default_cache_dir, prepared
 from zero_kit.data.dataset import DataCollator, default_data_path, load_dataset_rows
 from zero_kit.data.pipeline import Split
+from zero_kit.data.preference import ASSET_PAIRS, PAIRS, load_pair_rows
 from zero_kit.log import say
 from zero_kit.model import ASSET_TOKENIZER
 from zero_kit.train.options import TrainOptions
@@ -41,10 +42,11 @@ def cache_dir(opts: TrainOptions) -> Path:
 
 def specs(opts: TrainOptions) -> tuple[DataSpec, DataSpec | None]:
     """What the run's training and eval data are made from. opts.model: already resolved to a directory."""
-    shape = {"fmt": opts.format, "max_length": opts.max_length, "pack": opts.pack, "skip_bad": opts.skip_bad,
+    fmt = PAIRS if opts.method == "dpo" else opts.format  # --method dpo reads preference pairs, whatever --format
+    shape = {"fmt": fmt, "max_length": opts.max_length, "pack": opts.pack, "skip_bad": opts.skip_bad,
              "tokenizer_dir": opts.model or str(ASSET_TOKENIZER)}  # fmt: skip
     split = Split(opts.val_size, opts.seed) if opts.val_size is not None else None
-    train = DataSpec((opts.data or default_data_path(opts.format),), split=split, **shape)
+    train = DataSpec((opts.data or default_data_path_of(fmt),), split=split, **shape)
     return train, (DataSpec((opts.eval_data,), **shape) if opts.eval_data is not None else None)
 
 
@@ -64,13 +66,22 @@ def prepare(opts: TrainOptions, speak: bool) -> Prepared:
         if spec is None:
             entries.append(None)
             continue
-        entry = prepared(spec, cache_dir(opts), lambda spec=spec: load_dataset_rows(list(spec.paths), spec.fmt),
-                         tokenizer)  # fmt: skip
+        entry = prepared(spec, cache_dir(opts), lambda spec=spec: load_rows(spec), tokenizer)
         if speak or entry.built:
             done = f"prepared in {entry.seconds:.1f} s into" if entry.built else "reused the prepared"
             say(f"zero-kit train: {what}: {done} {entry.path}")
         entries.append(entry)
     return Prepared(*entries)
+
+
+def default_data_path_of(fmt: str) -> str:
+    """The bundled data of a format, or of --method dpo's pairs."""
+    return str(ASSET_PAIRS) if fmt == PAIRS else default_data_path(fmt)
+
+
+def load_rows(spec: DataSpec):
+    """The rows of a spec's files, read as its format needs (pairs: zero_kit.data.preference)."""
+    return load_pair_rows(list(spec.paths)) if spec.fmt == PAIRS else load_dataset_rows(list(spec.paths), spec.fmt)
 
 
 def load(entries: Prepared, tokenizer) -> Data:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from zero_kit.dist import THP_ENV, free_port, set_rank_huge_pages, set_rank_threads, single_process_env, under_launcher
-from zero_kit.log import say
+from zero_kit.log import library_notices_to_log, say
 from zero_kit.plan.shapes import local_model_params
 from zero_kit.watchdog import nccl_watchdog_env
 
@@ -42,6 +42,7 @@ def rank_environment(plan) -> None:
     """For this rank of `plan` (a RunPlan): a world of one when no launcher started this process; offline hubs;
     threads and huge pages; the NCCL watchdog's variables."""
     opts = plan.options
+    library_notices_to_log(opts.output)  # libraries' deprecations of each other: OUTPUT/zero_kit.log, not the terminal
     if not under_launcher():
         os.environ.update(single_process_env(opts.master_port or free_port()))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -6,7 +6,8 @@ user stopped; a second Ctrl-C kills every process at once (then the newest perio
 The codes differ: 130 for Ctrl-C (what a shell reports for it), EXIT_PREEMPTED (75) for SIGTERM (a scheduler
 requeues on it). The last line is printed once: by the plain `zero-kit train` that relaunched the ranks, or by the
 only rank of a one-process run; it names what happened, the step reached, the checkpoint left and the command that
-continues. Light on purpose: the relaunching parent imports it (no torch, no transformers).
+continues, also when the signal went to one rank only (`signal_of` its exit code). Light on purpose: the
+relaunching parent imports it (no torch, no transformers).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import signal
 import sys
 from pathlib import Path
 
-from zero_kit.checkpoints import store
+from zero_kit.checkpoints import claim, store
 from zero_kit.errors import EXIT_PREEMPTED
 from zero_kit.log import warn
 
@@ -31,6 +32,12 @@ LOG_FILE = "train_log.jsonl"
 
 def exit_code(signum: int) -> int:
     return EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_PREEMPTED
+
+
+def signal_of(code: int) -> int | None:
+    """The signal whose stop ends a rank with exit code `code` (`exit_code`'s inverse), else None: what a job's
+    ranks say when the signal went to one of them (`kill -TERM` to a rank, a scheduler's notice on one node)."""
+    return {EXIT_INTERRUPTED: signal.SIGINT, EXIT_PREEMPTED: signal.SIGTERM}.get(code)
 
 
 def continue_command(argv: list[str]) -> str:
@@ -75,7 +82,11 @@ def leave_at_once_on_signal(output: Path, speak: bool) -> None:
     """A rank of a multi-rank job before its training starts: SIGINT or SIGTERM ends it at once (there is nothing
     to save yet, and a KeyboardInterrupt inside a start-up collective would leave its peers waiting for it until
     the supervisor's grace runs out). callbacks.PreemptionCallback takes over when the Trainer is built. speak: this
-    process prints the last line (rank 0 of ranks an outside launcher started; a relaunching parent prints its own)."""
+    process prints the last line (rank 0 of ranks an outside launcher started; a relaunching parent prints its own).
+    SIGINT, blocked in a relaunch's launchers and inherited so (zero_kit.launch.supervisor), is unblocked once the
+    handler is in place; a Ctrl-C that came meanwhile ends the rank now. And the rank is bound to its relaunching
+    parent (checkpoints.claim.bind_rank): it leaves when that parent is gone, and no run takes over its output
+    before it has."""
 
     def leave(signum, frame):
         if speak:
@@ -88,3 +99,5 @@ def leave_at_once_on_signal(output: Path, speak: bool) -> None:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, leave)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    claim.bind_rank(output, os.environ)

@@ -3,10 +3,11 @@ in the parent process, before the relaunch, an op build, the model load or any d
 wrong --data, --model, --output, --hostfile, --ds-config or --resume costs the user a second and changes nothing
 on disk; the ranks would find the same mistakes only after half a minute of start-up.
 
-What is read: the first rows of --data (zero_kit.data.files.peek_source) checked against --format without a
-tokenizer, --model's config.json, one probe file created and deleted in --output's nearest existing directory,
---nvme-path, the hostfile, --master-port on this host, and the --ds-config and --resume paths (a Hub id's config.json
-from the Hugging Face cache). Nothing is created."""
+What is read: the first rows of --data (zero_kit.data.files.peek_source; each data file of a directory) checked
+against --format without a tokenizer, --model's config.json and the names of its weights (guards.model_files: the
+files are there, and --lora-targets names modules the model has), one probe file created and deleted in --output's
+nearest existing directory, --nvme-path, the hostfile, --master-port on this host, the --ds-config file's JSON
+syntax and the --resume path (a Hub id's config.json from the Hugging Face cache). Nothing is created."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def check_inputs(opts: TrainOptions, *, output: bool = True) -> None:
         _check_data_cache,
         _check_val_size,
         _check_trackers,
+        _check_method,
         _check_model,
         _check_max_length,
         _check_output,
@@ -67,13 +69,14 @@ def _check_data_cache(opts: TrainOptions) -> None:
 
 def _check_val_size(opts: TrainOptions) -> None:
     """A split that leaves no training rows, where the row count is cheap to know (the ranks check it anyway)."""
-    from zero_kit.data.dataset import default_data_path, held_out
+    from zero_kit.data.dataset import held_out
     from zero_kit.data.files import count_rows
+    from zero_kit.train.rundata import specs
 
     if opts.val_size is None or not 0 < opts.val_size < 1:
         return  # none asked, or check_options said it
     try:
-        count = count_rows(opts.data or default_data_path(opts.format))
+        count = count_rows(specs(opts)[0].paths[0])  # --data, or the bundled data of --format (or of --method dpo)
     except UserError:
         return  # _check_data names what is wrong with the file
     if count is not None:
@@ -99,13 +102,28 @@ def _check_trackers(opts: TrainOptions) -> None:
 
 
 def _check_rows(flag: str, path: str, opts: TrainOptions) -> None:
+    """Each file `path` reads (a directory: its data files, zero_kit.data.files.data_files)."""
+    from zero_kit.data.files import data_files
+
+    try:
+        files = data_files(path)
+    except UserError as err:
+        raise UserError(f"{flag} {err.message}", err.fix) from None
+    for file in files:
+        _check_file_rows(flag, file, opts)
+
+
+def _check_file_rows(flag: str, path: str, opts: TrainOptions) -> None:
     from zero_kit.data.files import peek_source
     from zero_kit.data.formats import FORMATS, BadRow, check_row
 
     try:
-        source, columns_known = peek_source(path)
+        source, columns_known = peek_source(path, skip_bad=opts.skip_bad)
     except UserError as err:
         raise UserError(f"{flag} {err.message}", err.fix) from None
+    if opts.method == "dpo":  # preference pairs, whatever --format says
+        _check_pair_rows(flag, source, columns_known, opts.skip_bad)
+        return
     missing = [column for column in FORMATS[opts.format] if column not in source.columns]
     if columns_known and missing:
         raise UserError(
@@ -125,12 +143,39 @@ def _check_rows(flag: str, path: str, opts: TrainOptions) -> None:
             ) from None
 
 
-def _check_model(opts: TrainOptions) -> None:
-    from zero_kit.model import hub_config_file, hub_id
-    from zero_kit.plan.shapes import shape_from_hf_config
+def _check_pair_rows(flag: str, source, columns_known: bool, skip_bad: bool) -> None:
+    """--method dpo: the file's columns and first rows as preference pairs (zero_kit.data.preference; lengths need
+    the tokenizer: the data's preparation says a pair too long, still before any rank starts)."""
+    from zero_kit.data.formats import BadRow
+    from zero_kit.data.preference import PAIR_FIELDS, check_pair
 
-    if opts.model is None:
-        return  # the embedded tiny LLaMA
+    missing = [column for column in PAIR_FIELDS if column not in source.columns]
+    if columns_known and missing:
+        raise UserError(f"{flag} {source.path}: missing column(s) {missing} needed by --method dpo (has "
+                        f"{source.columns[:12]})", "give each row prompt, chosen and rejected")  # fmt: skip
+    for index, row in enumerate([] if skip_bad else source.rows):
+        try:
+            check_pair(row)
+        except BadRow as bad:
+            raise UserError(f"{flag} {source.where(index)}: {bad.detail} (--method dpo)",
+                            "fix the row, or use --skip-bad to skip and count such rows") from None  # fmt: skip
+
+
+def _check_method(opts: TrainOptions) -> None:
+    """--method dpo: TRL installed, in the tested range, knowing --dpo-loss (zero_kit.train.preference)."""
+    from zero_kit.train.preference import check_trl
+
+    check_trl(opts)
+
+
+def _check_model(opts: TrainOptions) -> None:
+    from zero_kit.model import check_trusted, hub_config_file, hub_id
+    from zero_kit.plan.shapes import shape_from_hf_config
+    from zero_kit.train.guards.model_files import check_model_files
+
+    if opts.model is None:  # the embedded tiny LLaMA: only --lora-targets to check
+        check_model_files(opts, None)
+        return
     path = Path(opts.model)
     repo = hub_id(opts.model)
     if repo is not None:  # org/name: its config.json from the cache; a download waits until every check passed
@@ -155,6 +200,9 @@ def _check_model(opts: TrainOptions) -> None:
         raise UserError(f"--model {path / 'config.json'}: {err.message}", "pass a LLaMA-style model") from None
     except (KeyError, TypeError, ValueError) as err:
         raise UserError(f"--model {path / 'config.json'}: missing or bad key {err}", "fix config.json") from None
+    check_trusted(str(path), opts.trust_remote_code)  # code of its own (auto_map): said first, whatever else is wrong
+    if repo is None:  # a Hub id's weights are checked once its snapshot is resolved (train.parent)
+        check_model_files(opts, path)  # its weights, and the modules --lora-targets names
 
 
 def _check_max_length(opts: TrainOptions) -> None:
@@ -205,8 +253,13 @@ def _check_master_port(opts: TrainOptions) -> None:
 
 
 def _check_ds_config(opts: TrainOptions) -> None:
+    """The file is there and is JSON as the HF Trainer reads it (strict), said with the other inputs; its rules are
+    the plan's (zero_kit.train.plan lints it), still before any data is tokenized."""
+    from zero_kit.lint import read_checked
+
     if opts.ds_config:
         read_text(opts.ds_config, "--ds-config", "a DeepSpeed JSON config (zero-kit config -o FILE writes one)")
+        read_checked(opts.ds_config, "hf-trainer", "--ds-config")
 
 
 def _check_resume(opts: TrainOptions) -> None:

@@ -24,6 +24,7 @@ from zero_kit.checkpoints.claim import CLAIM
 from zero_kit.errors import UserError
 from zero_kit.export.checks import EXPORT_MARK
 from zero_kit.launch.hostfile import ENV_FILE, SECRETS_DIR
+from zero_kit.log import RUN_LOG
 from zero_kit.train.options import EFFECTIVE, TrainOptions
 from zero_kit.train.startup import STARTUP_FILE
 from zero_kit.train.stopping import LOG_FILE
@@ -36,7 +37,7 @@ LOSS_PNG = "loss.png"
 TRACKER_DIR = "runs"
 """TensorBoard's event files (zero_kit.train.startup points TENSORBOARD_LOGGING_DIR there)."""
 OURS = frozenset({OUTPUT_MARK, CLAIM, HEARTBEAT_DIR, store.POINTER, store.RUN_INFO, EFFECTIVE, STARTUP_FILE, LOG_FILE,
-                  LOSS_PNG, FINAL_DIR, TRACKER_DIR, ENV_FILE, SECRETS_DIR, "hostfile"})  # fmt: skip
+                  LOSS_PNG, FINAL_DIR, TRACKER_DIR, ENV_FILE, SECRETS_DIR, "hostfile", RUN_LOG})  # fmt: skip
 """The names a run writes directly in --output, besides its `checkpoint-N` directories."""
 PROOF = frozenset({CLAIM, HEARTBEAT_DIR, store.RUN_INFO, STARTUP_FILE})
 """Names only a zero-kit run writes in an output: with them, an unmarked output of zero-kit names is an earlier

@@ -1,0 +1,74 @@
+"""Test hook for tests/dist/test_dpo_train.py, outside the product: with this folder on PYTHONPATH and
+ZERO_KIT_PROBE_DPO=DIR, every rank of a `zero-kit train --method dpo` (behind `--nproc` too: Python imports
+`sitecustomize` in every interpreter) adds a Trainer callback that reads the DPO reference model when training begins
+and when it ends, and writes DIR/rankN.json:
+
+- the reference's parameter elements this rank holds and a sha256 of their bytes (under ZeRO-3 its partitions,
+  `ds_tensor`): full fine-tuning, TRL's reference model; LoRA, the base weights of the trained model (every
+  parameter but the adapter's), which is what TRL runs with the adapter off;
+- the same of the trained model when training begins: full fine-tuning starts where the reference is;
+- how TRL prepared the reference: its DeepSpeed engine's ZeRO stage and optimizer, and how many of its parameters
+  hold a gradient when training ends.
+
+It patches nothing unless the variable is set."""
+
+import os
+
+if os.environ.get("ZERO_KIT_PROBE_DPO"):
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from transformers import TrainerCallback
+
+    import zero_kit.train.preference as preference
+
+    def _held(named) -> dict:
+        """Elements this rank holds of the (name, parameter) pairs, and a sha256 of their bytes, in name order."""
+        digest, count = hashlib.sha256(), 0
+        for name, param in sorted(named, key=lambda pair: pair[0]):
+            local = param.ds_tensor if hasattr(param, "ds_tensor") else param.data
+            digest.update(name.encode())
+            digest.update(local.detach().cpu().contiguous().view(-1).numpy().tobytes())
+            count += local.numel()
+        return {"elements": count, "sha256": digest.hexdigest()}
+
+    class ReferenceProbe(TrainerCallback):
+        def __init__(self, trainer):
+            self.trainer, self.record = trainer, {}
+
+        def _reference(self) -> list:
+            trainer = self.trainer
+            if trainer.ref_model is None:  # LoRA: the base weights of the trained model
+                unwrapped = getattr(trainer.model_wrapped, "module", trainer.model)
+                return [(n, p) for n, p in unwrapped.named_parameters() if "lora_" not in n]
+            return list(getattr(trainer.ref_model, "module", trainer.ref_model).named_parameters())
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            trainer, engine = self.trainer, self.trainer.ref_model
+            policy = getattr(trainer.model_wrapped, "module", trainer.model)
+            self.record = {
+                "begin": _held(self._reference()),
+                "policy_begin": _held(list(policy.named_parameters())),
+                "total": sum(getattr(p, "ds_numel", p.numel()) for _, p in self._reference()),
+                "ref_stage": None if engine is None else engine.zero_optimization_stage(),
+                "ref_optimizer": None
+                if engine is None or engine.optimizer is None
+                else type(engine.optimizer).__name__,
+            }
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self.record["end"] = _held(self._reference())
+            self.record["ref_grads"] = sum(p.grad is not None for _, p in self._reference())
+            self.record["steps"] = state.global_step
+            out = Path(os.environ["ZERO_KIT_PROBE_DPO"]) / f"rank{args.process_index}.json"
+            out.write_text(json.dumps(self.record))
+
+    _dpo_trainer = preference.dpo_trainer
+
+    def _dpo_trainer_with_probe(*args, **kwargs):
+        trainer = _dpo_trainer(*args, **kwargs)
+        trainer.add_callback(ReferenceProbe(trainer))
+        return trainer
+
+    preference.dpo_trainer = _dpo_trainer_with_probe
