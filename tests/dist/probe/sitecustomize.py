@@ -33,9 +33,9 @@ if os.environ.get("ZERO_KIT_PROBE_LOGITS"):
     _build_trainer = job._trainer
 
     def _trainer_with_probe(*args, **kwargs):
-        trainer, preemption = _build_trainer(*args, **kwargs)
-        trainer.add_callback(ProbeLogits())
-        return trainer, preemption
+        built = _build_trainer(*args, **kwargs)  # the Trainer first, then what rank.py keeps beside it
+        built[0].add_callback(ProbeLogits())
+        return built
 
     job._trainer = _trainer_with_probe
 
