@@ -121,12 +121,14 @@ def already_done(plan, speak: bool) -> bool:
     zero_kit_run.yaml repeated): the Trainer would train one step past it and replace final/. Nothing is trained;
     final/ is left as it is, or, when the export of that checkpoint was cut short (a Ctrl-C during it), written
     now. The process that speaks says so in one line and does that export."""
+    from zero_kit.train.guards.output import FINAL_DIR
+
     steps = plan.options.max_steps
     ckpt = Path(plan.resume_from) if plan.resume_from else None
     step = store.checkpoint_step(ckpt) if ckpt is not None else None
     if steps is None or step is None or step < steps:
         return False
-    final = plan.output / "final"
+    final = plan.output / FINAL_DIR
     if not speak:
         return True
     if plan.options.export and not _exported(ckpt, final):
