@@ -145,33 +145,50 @@ def _checked(rows: Rows | list[Any], tokenizer, fmt: str | None, max_length: int
     return rows, fmt
 
 
-def collate(features: list[dict], pad_id: int, pad_to_multiple_of: int | None = None) -> dict:
+def collate(features: list[dict], pad_id: int, pad_to_multiple_of: int | None = None, positions: bool = False,
+            length: int | None = None) -> dict:  # fmt: skip
     """Pad to the longest sequence: input_ids with pad_id, labels with -100, attention_mask with 0.
 
     Packed features (with position_ids) come back without attention_mask, so the model builds its
-    block-diagonal causal mask from the restarting position ids (module docstring).
+    block-diagonal causal mask from the restarting position ids (module docstring). `positions`: unpacked rows get
+    position_ids 0..length-1 too (Ulysses sequence parallelism needs them in every batch: a rank's shard keeps its
+    tokens' global positions); the padding sits after each row, where a causal mask keeps it from every real token,
+    and its labels are -100. `length`: pad every batch to at least this many tokens (gloo's all-gather, which
+    Ulysses' data adapter runs over a group's batches, takes only tensors of one size).
     """
     import torch
 
-    longest = max(len(feature["input_ids"]) for feature in features)
+    longest = max(len(feature["input_ids"]) for feature in [*features, {"input_ids": range(length or 0)}])
     if pad_to_multiple_of:
         longest = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
     pads = {"input_ids": pad_id, "labels": IGNORE_INDEX, "attention_mask": 0, "position_ids": 0}
     names = [name for name in pads if name in features[0]]
     if "position_ids" in names:
         names.remove("attention_mask")
-    return {
+    batch = {
         name: torch.tensor([list(f[name]) + [pads[name]] * (longest - len(f[name])) for f in features])
         for name in names
     }
+    if positions and "position_ids" not in batch:
+        batch["position_ids"] = torch.arange(longest).expand(len(features), longest).clone()
+    return batch
 
 
 class DataCollator:
     """A Trainer-friendly collator: `DataCollator(tokenizer.pad_token_id)` called on a list of features."""
 
-    def __init__(self, pad_id: int, pad_to_multiple_of: int | None = None):
+    def __init__(self, pad_id: int, pad_to_multiple_of: int | None = None, positions: bool = False,
+                 length: int | None = None):  # fmt: skip
         self.pad_id = pad_id
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.positions = positions
+        self.length = length
+
+    @classmethod
+    def for_sp(cls, pad_id: int, sp: int, length: int | None = None) -> DataCollator:
+        """Under sequence parallelism of `sp` (> 1): rows padded to a multiple of `sp` (each rank gets an equal
+        shard), with position ids; `length`: every batch that long (CPU ranks: gloo gathers only equal sizes)."""
+        return cls(pad_id, sp, positions=True, length=length) if sp > 1 else cls(pad_id)
 
     def __call__(self, features: list[dict]) -> dict:
-        return collate(features, self.pad_id, self.pad_to_multiple_of)
+        return collate(features, self.pad_id, self.pad_to_multiple_of, self.positions, self.length)

@@ -93,6 +93,10 @@ class TrainOptions(ZeroOptions):
     """Dropout on the LoRA input."""
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
+    sp: int = 1
+    """Sequence parallelism (Ulysses, DeepSpeed's ALST through the HF Trainer): each sequence is split over N ranks,
+    which exchange attention heads all-to-all, so activations per rank shrink about N-fold. The ranks must be a
+    multiple of N; data-parallel ranks = ranks / N (each SP group trains the batches of its N ranks in turn)."""
     method: Literal["sft", "dpo"] = "sft"
     """sft: supervised fine-tuning on --format rows. dpo: preference tuning (TRL's DPOTrainer; pip install
     'zero_kit[dpo]') on prompt/chosen/rejected rows against a frozen reference model (with --lora-r: the base
@@ -162,7 +166,7 @@ def check_options(opts: TrainOptions) -> None:
                 "drop --stage/--offload-* (or --ds-config, to generate the config from the flags)",
             )
         )
-    for name in ("micro_batch", "grad_accum", "max_length", "log_steps"):
+    for name in ("micro_batch", "grad_accum", "max_length", "log_steps", "sp"):
         if getattr(opts, name) < 1:
             problems.append(_not_positive(name, getattr(opts, name)))
     for name in ("max_steps", "save_steps", "nproc", "lora_r", "save_total_limit"):
@@ -173,8 +177,23 @@ def check_options(opts: TrainOptions) -> None:
         problems.append(UserError("--lora-alpha was given without --lora-r", "add --lora-r R, or drop --lora-alpha"))
     if opts.resume in ("", None):
         problems.append(UserError("--resume is empty", "pass --resume auto, --resume never or --resume CHECKPOINT_DIR"))
-    raise_all(problems + _empty_paths(opts) + _range_problems(opts) + _eval_problems(opts) + _method_problems(opts),
-              "in the flags")  # fmt: skip
+    problems += _empty_paths(opts) + _range_problems(opts) + _eval_problems(opts) + _method_problems(opts)
+    raise_all(problems + _sp_problems(opts), "in the flags")
+
+
+def _sp_problems(opts: TrainOptions) -> list[UserError]:
+    """--sp against the flags that cannot go with it (the world size: zero_kit.train.plan.plan_run)."""
+    if opts.sp <= 1:
+        return []
+    bad = []
+    if opts.pack:  # SDPA's causal mask would span a packed row's documents once Ulysses gathers the sequence
+        bad.append(UserError(f"--pack with --sp {opts.sp}: packed rows under sequence parallelism need flash "
+                             "attention (a GPU); with SDPA, documents would attend across their boundaries",
+                             "drop --pack (rows are padded to a multiple of --sp instead)"))  # fmt: skip
+    if opts.method == "dpo":
+        bad.append(UserError(f"--sp {opts.sp} with --method dpo: zero-kit's preference tuning has no sequence "
+                             "parallelism yet", "drop --sp, or train with --method sft"))  # fmt: skip
+    return bad
 
 
 def _method_problems(opts: TrainOptions) -> list[UserError]:

@@ -99,8 +99,8 @@ class RunPlan:
     LOCAL_WORLD_SIZE / LOCAL_SIZE."""
     nodes: int
     dp_size: int
-    """Data-parallel ranks: the ranks that hold different batches and among which ZeRO shards the states. Every
-    rank today (no other parallel dimension of `zero-kit train` divides it yet)."""
+    """Data-parallel ranks: the sequence-parallel groups, world_size / sp (`dp_size_of`). Each group trains its own
+    batches; ZeRO shards the states over every rank."""
     on_gpu: bool
     precision: str
     """"bf16", "fp16" or "fp32": what TrainingArguments, preflight and the MFU figure use."""
@@ -172,7 +172,7 @@ def plan_run(opts: TrainOptions, environ: dict[str, str], host: Host, *, claim_t
         world_size=world,
         ranks_per_node=per_node,
         nodes=nodes,
-        dp_size=world,
+        dp_size=dp_size_of(world, options.sp, per_node if nodes > 1 else world),
         on_gpu=host.on_gpu,
         precision=precision,
         ds_config=ds_config,
@@ -183,6 +183,20 @@ def plan_run(opts: TrainOptions, environ: dict[str, str], host: Host, *, claim_t
         resume_from=None if target is None else str(target),
         claim_token=claim_token,
     )
+
+
+def dp_size_of(world: int, sp: int, per_node: int | None = None) -> int:
+    """The data-parallel size of `world` ranks in sequence-parallel groups of `sp` (the one place it is computed).
+    DeepSpeed groups consecutive ranks, so with `per_node` ranks on each node a group stays inside one node (its
+    all-to-all on the fast links) when `sp` divides `per_node`."""
+    if world % sp:
+        raise UserError(f"--sp {sp} does not divide the job's {world} rank(s): each sequence-parallel group is "
+                        f"{sp} ranks", f"pass an --sp that divides {world}, or start a multiple of {sp} ranks")  # fmt: skip
+    if per_node is not None and per_node % sp:
+        raise UserError(f"--sp {sp} does not divide the {per_node} rank(s) per node: a sequence-parallel group would "
+                        "span two nodes, its all-to-all on the slow link",
+                        f"pass an --sp that divides {per_node}")  # fmt: skip
+    return world // sp
 
 
 def launch_sizes(opts: TrainOptions, environ: dict[str, str]) -> tuple[int, int, int]:

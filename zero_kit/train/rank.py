@@ -120,7 +120,8 @@ def _train(plan: RunPlan, me: Rank, view: PlannerView, args, heartbeat: Heartbea
     starting("rendezvous")
     tokenizer, model, held = _build_model(plan.options, zero3=plan.zero_stage == 3)
     starting("model")
-    data = rundata.load(prepared, tokenizer)  # memory-mapped
+    equal = None if plan.on_gpu else plan.options.max_length  # gloo gathers a group's batches only at one size
+    data = rundata.load(prepared, tokenizer, plan.options.sp, equal)  # memory-mapped
     starting("data")
     run_info = _record_start(plan, me, held, data, resume_from)
     trainer, preemption, diverged = _trainer(plan, me, args, model, tokenizer, data, run_info, heartbeat, clock)
@@ -210,11 +211,26 @@ def _training_arguments(plan: RunPlan):
         **{checkpointing: opts.activation_checkpointing},
         **evaluation_arguments(opts, plan.micro_batch),  # evaluation, and the trackers of --report-to
         **method_arguments(opts),  # --method dpo's: beta, loss, max length
+        **sequence_parallel_arguments(opts.sp),
         disable_tqdm=True,
         remove_unused_columns=False,
         dataloader_num_workers=0,
         save_only_model=False,
     )
+
+
+def sequence_parallel_arguments(sp: int) -> dict:
+    """--sp N: Ulysses through the Trainer's own parallelism config (accelerate's ParallelismConfig, DeepSpeed's
+    backend): accelerate registers DeepSpeed's UlyssesSPAttentionHF around SDPA, wraps the train dataloader in
+    UlyssesSPDataLoaderAdapter (each rank gets 1/N of every sequence of its group), and the Trainer weighs the
+    shards' losses by their tokens (deepspeed_sp_compute_loss). Rows may differ in length between batches."""
+    if sp <= 1:
+        return {}
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils import DeepSpeedSequenceParallelConfig
+
+    handler = DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True, sp_attn_implementation="sdpa")
+    return {"parallelism_config": ParallelismConfig(sp_backend="deepspeed", sp_size=sp, sp_handler=handler)}
 
 
 def evaluation_arguments(opts: TrainOptions, micro_batch: int) -> dict:
@@ -311,6 +327,7 @@ def _run_info(plan: RunPlan, held: dict, stats) -> dict:
     return {
         "options": asdict(plan.options),
         "world_size": plan.world_size,
+        "dp_size": plan.dp_size,
         "zero_stage": plan.zero_stage,
         "precision": plan.precision,
         "zero3_init": held,
@@ -322,8 +339,11 @@ def _run_info(plan: RunPlan, held: dict, stats) -> dict:
 def _say_start(plan: RunPlan, held: dict, stats, resume_from: Path | None, eval_size: int | None) -> None:
     per_rank = ", ".join(f"{n:,}" for n in held["elements_held_per_rank"])
     tuning = f"LoRA r={plan.options.lora_r}" if plan.options.lora_r else "full fine-tuning"
+    ranks = f"{plan.world_size} rank(s)"
+    if plan.options.sp > 1:
+        ranks += f" in {plan.dp_size} sequence-parallel group(s) of {plan.options.sp}"
     say(
-        f"zero-kit train: {plan.world_size} rank(s), ZeRO stage {plan.zero_stage}, {tuning}; "
+        f"zero-kit train: {ranks}, ZeRO stage {plan.zero_stage}, {tuning}; "
         f"model {held['total_parameters']:,} parameters, held per rank after construction: [{per_rank}]"
     )
     say(f"zero-kit train: {stats.summary()}")

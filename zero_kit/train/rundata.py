@@ -84,9 +84,11 @@ def load_rows(spec: DataSpec):
     return load_pair_rows(list(spec.paths)) if spec.fmt == PAIRS else load_dataset_rows(list(spec.paths), spec.fmt)
 
 
-def load(entries: Prepared, tokenizer) -> Data:
-    """The Trainer's datasets, memory-mapped from the cache, and the training data's stats."""
+def load(entries: Prepared, tokenizer, sp: int = 1, equal_length: int | None = None) -> Data:
+    """The Trainer's datasets, memory-mapped from the cache, and the training data's stats (`sp`: --sp, which the
+    collator pads for; `equal_length`: every batch padded to it, as gloo's gathers under --sp need)."""
     train, held, stats = entries.train.load()
     if entries.eval is not None:
         held, _, _ = entries.eval.load()
-    return Data(train, DataCollator(tokenizer.pad_token_id), stats, held, str(entries.train.path))
+    collator = DataCollator.for_sp(tokenizer.pad_token_id, sp, equal_length)
+    return Data(train, collator, stats, held, str(entries.train.path))

@@ -1,0 +1,64 @@
+"""`zero-kit train --sp N` before any rank starts: the data-parallel size is world / sp, computed once in the plan;
+a world or a node that --sp does not divide, --pack and --method dpo with --sp are refused with the fix; the collator
+pads rows to a multiple of sp (to --max-length on CPU ranks, where gloo gathers one size) and adds position ids."""
+
+from __future__ import annotations
+
+import pytest
+
+from zero_kit.data.dataset import DataCollator
+from zero_kit.errors import UserError
+from zero_kit.train.options import TrainOptions, check_options
+from zero_kit.train.plan import Host, dp_size_of, plan_run
+
+CPU = Host(on_gpu=False, bf16_supported=False)
+
+
+def _plan(tmp_path, environ=None, **options):
+    return plan_run(TrainOptions(output=str(tmp_path / "out"), **options), environ or {}, CPU)
+
+
+def test_the_plan_divides_the_world_by_sp(tmp_path):
+    plan = _plan(tmp_path, nproc=4, sp=2)
+    assert (plan.world_size, plan.dp_size) == (4, 2)
+    assert _plan(tmp_path, nproc=4).dp_size == 4
+    # an outside launcher's ranks: the same function, from its environment
+    launched = _plan(tmp_path, {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "RANK": "0"}, sp=4)
+    assert (launched.world_size, launched.dp_size) == (4, 1)
+
+
+def test_a_world_or_a_node_sp_does_not_divide_is_refused_with_the_fix():
+    with pytest.raises(UserError) as err:
+        dp_size_of(3, 2)
+    assert "--sp 2 does not divide the job's 3 rank(s)" in str(err.value) and "divides 3" in err.value.fix
+    with pytest.raises(UserError) as err:  # 2 nodes of 3: a group of 2 would span the nodes
+        dp_size_of(6, 2, per_node=3)
+    assert "per node" in str(err.value) and "divides 3" in err.value.fix
+    assert dp_size_of(8, 4, per_node=4) == 2
+
+
+@pytest.mark.parametrize(("options", "said"), [
+    ({"sp": 0}, "--sp"),
+    ({"sp": 2, "pack": True}, "--pack with --sp 2"),
+    ({"sp": 2, "method": "dpo"}, "--sp 2 with --method dpo"),
+])  # fmt: skip
+def test_flags_that_cannot_go_with_sp_are_refused(options, said):
+    with pytest.raises(UserError) as err:
+        check_options(TrainOptions(**options))
+    assert said in str(err.value)
+
+
+def test_sp_1_changes_nothing():
+    check_options(TrainOptions(sp=1, pack=True))
+    assert DataCollator.for_sp(0, 1).positions is False
+
+
+def test_the_collator_pads_to_a_multiple_of_sp_with_positions_and_to_the_length_on_cpu():
+    rows = [{"input_ids": [5, 6, 7], "labels": [5, 6, 7], "attention_mask": [1, 1, 1]},
+            {"input_ids": [8, 9, 10, 11, 12], "labels": [-100, 9, 10, 11, 12], "attention_mask": [1] * 5}]  # fmt: skip
+    batch = DataCollator.for_sp(0, 2)(rows)
+    assert batch["input_ids"].shape == (2, 6)
+    assert batch["position_ids"].tolist() == [list(range(6))] * 2
+    assert batch["labels"][0].tolist() == [5, 6, 7, -100, -100, -100]  # padding is out of the loss
+    fixed = DataCollator.for_sp(0, 4, length=10)(rows)
+    assert fixed["input_ids"].shape == (2, 12)  # --max-length 10 rounded up to a multiple of 4
