@@ -54,6 +54,7 @@ def training_arguments(
     nvme_path: str | None = None,
     ds_config: str | None = None,
     precision: str = "auto",
+    sp: int = 1,
     **training_kwargs: Any,
 ):
     """Ready `TrainingArguments` for ZeRO on the machine this rank runs on; call it before building the model and
@@ -66,18 +67,26 @@ def training_arguments(
     fp32 on CPU; `bf16=True` or `fp16=True` count as that choice). Then deepspeed.comm is brought up with the
     Trainer's timeout (`ddp_timeout`), so zero.Init sees the real world size. Started without a launcher it is a
     world of one; under srun, SLURM's variables are translated. Raises UserError for inputs no run can use, every
-    one named at once."""
+    one named at once.
+
+    `sp=N` (> 1): Ulysses sequence parallelism as `zero-kit train --sp N` runs it (the Trainer's own
+    `parallelism_config`); the ranks must be a multiple of N. Your collator must then give every batch
+    `position_ids` and a length divisible by N, and on CPU ranks one length for all batches (gloo gathers a group's
+    batches at one size): `zero_kit.data.dataset.DataCollator.for_sp(pad_id, N, length=max_length)` does both."""
     from transformers import TrainingArguments
 
     from zero_kit.launch.ops import use_extensions_dir
-    from zero_kit.train.rank import init_deepspeed_comm
+    from zero_kit.train.plan import dp_size_of
+    from zero_kit.train.rank import init_deepspeed_comm, sequence_parallel_arguments
 
     choice = _precision_choice(precision, training_kwargs)
     zero = {"offload_optimizer": offload_optimizer, "offload_param": offload_param, "nvme_path": nvme_path}
-    opts = TrainOptions(stage=stage, ds_config=ds_config, **zero)
+    opts = TrainOptions(stage=stage, ds_config=ds_config, sp=sp, **zero)
     check_options(opts)
     raise_all(_input_problems(precision, training_kwargs), "in training_arguments()")
-    machine = _machine()
+    machine = _machine()  # under srun, SLURM's variables translated; without a launcher, a world of one
+    if sp > 1:
+        dp_size_of(int(os.environ.get("WORLD_SIZE", "1")), sp)  # the launcher's world, before any rendezvous
     raise_all(_machine_problems(training_kwargs, machine.on_gpu), "in training_arguments()")
     device = "cuda" if machine.on_gpu else "cpu"
     config = trainer_ds_config(opts, torch_adam=not machine.on_gpu, device=device)
@@ -92,6 +101,7 @@ def training_arguments(
         ddp_backend=training_kwargs.get("ddp_backend") if machine.on_gpu else machine.backend,
         bf16=chosen == "bf16",
         fp16=chosen == "fp16",
+        **sequence_parallel_arguments(sp),
         **kwargs,
     )
     init_deepspeed_comm(machine.backend, args.ddp_timeout)
