@@ -62,3 +62,33 @@ def test_the_collator_pads_to_a_multiple_of_sp_with_positions_and_to_the_length_
     assert batch["labels"][0].tolist() == [5, 6, 7, -100, -100, -100]  # padding is out of the loss
     fixed = DataCollator.for_sp(0, 4, length=10)(rows)
     assert fixed["input_ids"].shape == (2, 12)  # --max-length 10 rounded up to a multiple of 4
+
+
+def test_the_planner_divides_a_ranks_tokens_by_sp_and_the_memory_check_follows(tmp_path):
+    """`zero-kit plan --sp N` and the run's memory check: activations, logits and compute of seq_len / sp tokens per
+    rank; Llama-3-8B at 32k on one 8 x 80 GB node fits under ZeRO-3 with --sp 8, not without."""
+    import json
+    import subprocess
+    import sys
+
+    from zero_kit.plan.memory import activation_terms
+    from zero_kit.plan.shapes import LlamaShape
+    from zero_kit.plan.workload import Workload
+
+    shape = LlamaShape(4096, 32, 32, 8, 14336, 128256)
+    whole, split = (Workload(shape, shape.n_params, 32768, sp=sp) for sp in (1, 8))
+    assert split.rank_tokens * 8 == whole.rank_tokens
+    assert sum(v for v, _ in activation_terms(split).values()) * 8 == sum(
+        v for v, _ in activation_terms(whole).values()
+    )
+    plans = {}
+    for sp in (1, 8):
+        argv = [sys.executable, "-m", "zero_kit.cli", "plan", "--model", "llama-3-8b", "--gpu-mem", "80GB",
+                "--gpus-per-node", "8", "--seq-len", "32768", "--sp", str(sp), "--json"]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True)
+        assert done.returncode == (1 if sp == 1 else 0), done.stderr  # 1: no option fits
+        plans[sp] = json.loads(done.stdout)
+    fits = {sp: [o["name"] for o in plan["options"] if o["fits"]] for sp, plan in plans.items()}
+    assert fits[1] == [] and "zero3" in fits[8] and plans[8]["recommended"], fits
+    view = {sp: _plan(tmp_path, nproc=2, sp=sp).planner() for sp in (1, 2)}  # what the run's memory check reads
+    assert view[2].workload.rank_tokens * 2 == view[1].workload.rank_tokens

@@ -80,6 +80,10 @@ class PlanOptions:
     """LoRA rank: frozen base weights (16-bit) plus adapters on every linear of each block."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer in backward instead of keeping its activations."""
+    sp: int = 1
+    """Ulysses sequence parallelism (zero-kit train --sp): each GPU holds seq_len / sp tokens of every sequence, so
+    its activations, logits and compute are those of seq_len / sp; it must divide --gpus-per-node. Data-parallel
+    layouts only; the all-to-all traffic is not in the step time yet."""
     method: Literal["sft", "dpo"] = "sft"
     """dpo: preference tuning (zero-kit train --method dpo): two sequences per pair (--micro-batch counts pairs) and
     a frozen reference model (its weights per rank; LoRA: none) whose forward each step runs too. Data-parallel
@@ -312,14 +316,17 @@ def build_inputs(opts: PlanOptions):
     for flag, value in (("--gpus-per-node", opts.gpus_per_node), ("--nodes", opts.nodes)):
         if value < 1:
             raise UserError(f"{flag} must be at least 1, got {value}", f"pass {flag} 1 or more")
-    for flag, value in (("--seq-len", opts.seq_len), ("--micro-batch", opts.micro_batch)):
+    for flag, value in (("--seq-len", opts.seq_len), ("--micro-batch", opts.micro_batch), ("--sp", opts.sp)):
         if value < 1:
             raise UserError(f"{flag} must be at least 1, got {value}", f"pass {flag} 1 or more")
     if not 0 <= opts.margin < 1:
         raise UserError(f"--margin must be in [0, 1), got {opts.margin}", "e.g. --margin 0.1")
+    if opts.gpus_per_node % opts.sp or opts.seq_len % opts.sp:
+        raise UserError(f"--sp {opts.sp} must divide --gpus-per-node ({opts.gpus_per_node}: a group stays in one node) "
+                        f"and --seq-len ({opts.seq_len})", "pass an --sp that divides both")  # fmt: skip
     label, shape, n_params = resolve_model(opts)
     work = Workload(shape, n_params, opts.seq_len, opts.micro_batch, opts.precision, opts.lora_r,
-                    opts.activation_checkpointing, preference=opts.method == "dpo")  # fmt: skip
+                    opts.activation_checkpointing, preference=opts.method == "dpo", sp=opts.sp)  # fmt: skip
     host = parse_size(opts.host_mem, "--host-mem") if opts.host_mem else None
     hardware = Hardware(
         parse_size(opts.gpu_mem, "--gpu-mem"),
@@ -338,7 +345,9 @@ def build_inputs(opts: PlanOptions):
 
     if work.preference and (opts.tp or opts.pp):
         raise UserError("--method dpo is planned for data-parallel layouts only", "drop --tp/--pp")
-    flags = (opts.tp, opts.pp, opts.pp_micro_batches, opts.model_parallel and not work.preference)
+    if work.sp > 1 and (opts.tp or opts.pp):
+        raise UserError(f"--sp {work.sp} is planned for data-parallel layouts only", "drop --tp/--pp, or --sp")
+    flags = (opts.tp, opts.pp, opts.pp_micro_batches, opts.model_parallel and not work.preference and work.sp == 1)
     return label, work, hardware, rates, layouts_from_flags(*flags, work, hardware)
 
 

@@ -134,7 +134,7 @@ def _layer_saved(work: Workload, autocast: bool) -> tuple[int, str]:
     autocast casts each projection's input separately (7a bsh). Measured against autograd's saved tensors in
     tests/unit/test_plan.py and benchmarks/plan_memtracker/run.py."""
     s, a = work.shape, DTYPE_BYTES[work.precision]
-    bs = work.sequences * work.seq_len  # b: sequences (two per DPO pair)
+    bs = work.rank_tokens  # b: sequences (two per DPO pair); s / sp under sequence parallelism
     mlp, kv = 4 * a * s.intermediate_size, 2 * a * s.kv_size
     if autocast:
         return bs * ((16 + 7 * a) * s.hidden_size + kv + mlp), f"bs[{16 + 7 * a}h + {2 * a}h_kv + {4 * a}I]"
@@ -157,7 +157,7 @@ def _peak_phases(work: Workload, strategy: str, autocast: bool) -> dict[str, Ter
     input (_fsdp_collectives.py foreach_reduce allocates it in reduce_dtype before freeing the gradients).
     """
     s, a = work.shape, DTYPE_BYTES[work.precision]
-    bs = work.sequences * work.seq_len  # b: sequences (two per DPO pair)
+    bs = work.rank_tokens  # b: sequences (two per DPO pair); s / sp under sequence parallelism
     bsv = bs * s.vocab_size
     root = s.vocab_size * s.hidden_size * (1 if s.tie_word_embeddings else 2)
     layer, layer_formula = _layer_saved(work, autocast)
@@ -195,7 +195,7 @@ def activation_terms(work: Workload, strategy: str = "") -> Terms:
     to add the loss's and one layer's working sets together, 5-27% above PyTorch's MemTracker/FSDPMemTracker)."""
     s, a = work.shape, DTYPE_BYTES[work.precision]
     autocast = strategy == "ddp" and a == 2 and not work.lora_r  # DDP keeps fp32 weights and runs under autocast
-    bs = work.sequences * work.seq_len  # b: sequences (two per DPO pair)
+    bs = work.rank_tokens  # b: sequences (two per DPO pair); s / sp under sequence parallelism
     terms: Terms = {}
     if work.activation_checkpointing:
         residual = 4 if autocast else a

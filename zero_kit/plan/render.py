@@ -25,7 +25,8 @@ def render_text(plan: Plan, label: str) -> str:
         f"model: {label}: {w.n_params:,} parameters (h={s.hidden_size}, L={s.layers}, heads={s.heads}/{s.kv_heads} kv,"
         f" I={s.intermediate_size}, V={s.vocab_size})",
         f"run: {w.precision}, {tuning}, seq {w.seq_len} x micro batch {w.micro_batch}, activation checkpointing "
-        + ("on" if w.activation_checkpointing else "off"),
+        + ("on" if w.activation_checkpointing else "off")
+        + (f", sequence parallel {w.sp} ({w.seq_len // w.sp} tokens per GPU)" if w.sp > 1 else ""),
         f"hardware: {hw.nodes} node(s) x {hw.gpus_per_node} GPU(s) = {hw.world_size} ranks, {gib(hw.gpu_mem)}"
         f" per GPU, {gib(hw.usable_gpu_mem)} usable ({hw.margin:.0%} margin), host RAM "
         + (f"{gib(hw.host_mem)} per node" if hw.host_mem else "not given (unchecked)"),

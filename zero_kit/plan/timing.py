@@ -174,7 +174,7 @@ def compute_seconds(work: Workload, rates: Rates) -> float:
         flops *= 4 / 3
     if work.preference:  # DPO: the frozen reference's forward (2 FLOPs per parameter per token) over both sequences
         flops += 2 * work.n_params
-    return flops * work.sequences * work.seq_len / rates.flops_per_s
+    return flops * work.rank_tokens / rates.flops_per_s  # a sequence-parallel rank computes its 1/sp
 
 
 def offload_seconds(info: StrategyInfo, work: Workload, hardware: Hardware, rates: Rates) -> tuple[float, float]:
@@ -208,5 +208,5 @@ def step_time(info: StrategyInfo, work: Workload, hardware: Hardware, rates: Rat
         terms[c.tier] += c.seconds
     terms["offload"] = pcie + adam
     terms["overhead"] = overhead = rates.overhead_s.get(info.name, 0.0)
-    tokens = work.sequences * work.seq_len * hardware.world_size
+    tokens = work.rank_tokens * hardware.world_size
     return StepTime(compute, comms, hidden, pcie, adam, overhead, tokens, terms)

@@ -23,11 +23,20 @@ class Workload:
     """DPO (`--method dpo`): every example is a pair, two sequences through the model, and every step also runs the
     frozen reference model forward over both (full fine-tuning: a second copy of the weights; LoRA: the same weights,
     adapter off)."""
+    sp: int = 1
+    """Ulysses sequence parallelism (`--sp`): each sequence is split over `sp` ranks. A rank holds seq_len / sp of
+    its tokens outside attention and, inside it, the whole sequence for heads / sp of the heads: activations, logits
+    and compute per rank are those of `rank_tokens`."""
 
     @property
     def sequences(self) -> int:
         """Sequences per rank in one forward pass: the micro batch, twice that for preference pairs."""
         return self.micro_batch * (2 if self.preference else 1)
+
+    @property
+    def rank_tokens(self) -> int:
+        """Tokens each rank holds in one forward pass (b s / sp): what its activations and its compute scale with."""
+        return self.sequences * self.seq_len // self.sp
 
     @property
     def trainable_params(self) -> int | None:

@@ -367,6 +367,7 @@ def workload_of(opts: TrainOptions, precision: str, shape: LlamaShape | None = N
         lora_r=opts.lora_r,
         activation_checkpointing=opts.activation_checkpointing,
         preference=opts.method == "dpo",  # two sequences per pair and the reference: the memory check counts them
+        sp=opts.sp,
     )
 
 

@@ -121,8 +121,9 @@ def rank_peak(view, on_gpu: bool) -> int:
 
 
 def cpu_scores_bytes(work) -> int:
-    """One layer's attention scores as CPU attention holds them (CPU_SCORE_BYTES)."""
-    return work.micro_batch * work.shape.heads * work.seq_len**2 * CPU_SCORE_BYTES
+    """One layer's attention scores as CPU attention holds them (CPU_SCORE_BYTES); under sequence parallelism a
+    rank attends over the whole sequence with heads / sp of the heads."""
+    return work.micro_batch * work.shape.heads * work.seq_len**2 * CPU_SCORE_BYTES // work.sp
 
 
 def _strategy_info(strategy: str, offload: str):
