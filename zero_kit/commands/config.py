@@ -21,13 +21,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         metavar="DIR",
-        help="local Hugging Face model directory: hidden size (and, with --tp, the attention heads) from its config.json",
+        help="local Hugging Face model directory: hidden size (and, with --tp or --sp, the attention heads) from its"
+        " config.json",
     )
     parser.add_argument(
         "--accelerate-yaml",
         metavar="FILE",
         help="also write an `accelerate launch --config_file` YAML pointing at the JSON (needs -o; micro batch and"
-        " grad accum are written as numbers, train_batch_size is left out: DeepSpeed derives it at launch)",
+        " grad accum are written as numbers, train_batch_size is left out: DeepSpeed derives it at launch); with --sp,"
+        " also accelerate's parallelism_config (sp_backend deepspeed, sp_size, attention sdpa)",
     )
     parser.add_argument("-o", "--output", metavar="FILE", help="write the JSON here instead of stdout")
     parser.add_argument(
@@ -61,8 +63,9 @@ def hidden_size_from_model_dir(model_dir: str) -> int:
 
 
 def heads_from_model_dir(model_dir: str | None) -> tuple[int, int] | None:
-    """(attention heads, key-value heads) from `model_dir/config.json` for the AutoTP head rules; None when the
-    directory or the keys are missing (the rules that need them are then skipped, as in `zero-kit validate`)."""
+    """(attention heads, key-value heads) from `model_dir/config.json` for the AutoTP and Ulysses head rules; None
+    when the directory or the keys are missing (the rules that need them are then skipped, as in `zero-kit
+    validate`)."""
     if not model_dir:
         return None
     _, config = _model_config(model_dir)
@@ -135,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     if args.accelerate_yaml:
         check_writable_file(args.accelerate_yaml, "--accelerate-yaml")
     # accelerate (and the Trainer under it) builds a ZeRO-3 model before DeepSpeed counts the ranks: no global batch.
-    heads = heads_from_model_dir(args.model) if spec.tp > 1 else None
+    heads = heads_from_model_dir(args.model) if spec.tp > 1 or spec.sp > 1 else None
     generated = generate(spec, RunAdjustments(global_batch_key=not args.accelerate_yaml), heads)
     for warning in generated.warnings:  # the linter's warnings, as `zero-kit validate` gives them for the JSON
         print(f"zero-kit config: warning: {warning}", file=sys.stderr)
@@ -146,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
     write_config(args.output, text, "-o", args.force)
     if args.accelerate_yaml:
         nodes = args.nodes or 1
-        yaml = accelerate_yaml(str(Path(args.output).resolve()), spec.world_size, nodes, zero3_init=spec.stage == 3)
+        path = str(Path(args.output).resolve())
+        yaml = accelerate_yaml(path, spec.world_size, nodes, zero3_init=spec.stage == 3, sp=spec.sp)
         write_text(args.accelerate_yaml, yaml, "--accelerate-yaml")
     return 0

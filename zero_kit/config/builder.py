@@ -2,7 +2,8 @@
 `generate` also returns the linter's warnings; both refuse what the linter calls an error (`rulebook`).
 
 One place for each derived fact: batch arithmetic in `resolve_batch`, bucket sizes in `bucket_sizes`,
-the world size in `resolve_world_size`. The CLI edge reads files and the environment and passes values in.
+the world size in `resolve_world_size`, the data-parallel size under --sp in `data_parallel_size`. The CLI edge
+reads files and the environment and passes values in.
 """
 
 from __future__ import annotations
@@ -63,9 +64,17 @@ def _divisors_near(value: int, step: int) -> str:
     return " or ".join(str(c) for c in candidates)
 
 
-def resolve_batch(micro_batch: int | None, grad_accum: int | None, global_batch: int | None, world_size: int) -> Batch:
-    """global = micro x accum x world. Any two of the three (plus world) give the third; one alone takes
-    the other free value as 1; none gives micro 1, accum 1. Impossible combinations are refused with numbers."""
+def resolve_batch(
+    micro_batch: int | None,
+    grad_accum: int | None,
+    global_batch: int | None,
+    world_size: int,
+    world_named: str | None = None,
+) -> Batch:
+    """global = micro x accum x world (the data-parallel ranks). Any two of the three (plus world) give the third; one
+    alone takes the other free value as 1; none gives micro 1, accum 1. Impossible combinations are refused with
+    numbers; `world_named` is how they name `world_size` (default "world size N")."""
+    ranks = world_named or f"world size {world_size}"
     for flag, value in (("--micro-batch", micro_batch), ("--grad-accum", grad_accum), ("--global-batch", global_batch)):
         if value is not None and value < 1:
             raise BatchSizeError(f"{flag} must be a positive integer, got {value}", f"pass {flag} 1 or more")
@@ -77,7 +86,7 @@ def resolve_batch(micro_batch: int | None, grad_accum: int | None, global_batch:
         if expected != global_batch:
             raise BatchSizeError(
                 f"global batch {global_batch} != micro batch {micro_batch} x grad accum {grad_accum}"
-                f" x world size {world_size} = {expected}",
+                f" x {ranks} = {expected}",
                 f"set --global-batch {expected}, or leave one of the three out and it is derived",
             )
         return Batch(micro_batch, grad_accum, global_batch, world_size)
@@ -92,7 +101,7 @@ def resolve_batch(micro_batch: int | None, grad_accum: int | None, global_batch:
             else "micro batch 1 x grad accum 1"
         )
         raise BatchSizeError(
-            f"global batch {global_batch} is not divisible by {what} x world size {world_size} = {step}",
+            f"global batch {global_batch} is not divisible by {what} x {ranks} = {step}",
             f"use --global-batch {_divisors_near(global_batch, step)}",
         )
     other = global_batch // step
@@ -101,6 +110,21 @@ def resolve_batch(micro_batch: int | None, grad_accum: int | None, global_batch:
     if grad_accum is not None:
         return Batch(other, grad_accum, global_batch, world_size)
     return Batch(other, 1, global_batch, world_size)
+
+
+def data_parallel_size(world_size: int, sp: int, source: str) -> int:
+    """The ranks that train distinct batches: world / sp, each sequence-parallel group of `sp` ranks sharing every
+    sequence of its batch. Refused with the fix when `sp` does not divide the world (`source`: the flags that gave
+    it): DeepSpeed's `initialize_sequence_parallel` raises on it (runtime/sequence_parallel/parallel_state_sp.py)."""
+    if world_size % sp:
+        nearest = max(d for d in range(1, min(world_size, sp) + 1) if world_size % d == 0)
+        raise UserError(
+            f"--sp {sp} does not divide the world size {world_size} ({source}): each sequence-parallel group is"
+            f" {sp} ranks",
+            f"{f'pass --sp {nearest}' if nearest > 1 else 'drop --sp'} (it must divide {world_size}), or run on a"
+            f" multiple of {sp} ranks",
+        )
+    return world_size // sp
 
 
 BUCKET_LAYERS = 25
@@ -264,7 +288,10 @@ def _batch_section(spec: ZeroSpec, global_batch_key: bool) -> dict[str, Any]:
             "gradient_accumulation_steps": spec.grad_accum or 1,
         }
     world_size = resolve_world_size(spec.world_size, spec.nodes, spec.gpus_per_node)
-    batch = resolve_batch(spec.micro_batch, spec.grad_accum, spec.global_batch, world_size)
+    source = "--world-size" if spec.world_size is not None else "--nodes x --gpus-per-node"
+    dp_size = data_parallel_size(world_size, spec.sp, source)
+    named = f"data-parallel size {dp_size} (world size {world_size} / --sp {spec.sp})" if spec.sp > 1 else None
+    batch = resolve_batch(spec.micro_batch, spec.grad_accum, spec.global_batch, dp_size, named)
     section: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": batch.micro_batch,
         "gradient_accumulation_steps": batch.grad_accum,
@@ -303,7 +330,7 @@ class Generated:
 
 def generate(spec: ZeroSpec, run: RunAdjustments | None = None, heads: tuple[int, int] | None = None) -> Generated:
     """The DeepSpeed config for `spec` (adjusted for `run`), linted by the rule book `zero-kit validate` uses
-    (`heads`: the model's attention and key-value heads, for the AutoTP head rules).
+    (`heads`: the model's attention and key-value heads, for the AutoTP and Ulysses head rules).
     Raises UserError / BatchSizeError listing every problem at once: the flag checks (`checks`), then whatever the
     linter calls an error in the written keys, named by flag (`rulebook`). The linter's warnings come back."""
     raise_all(number_problems(spec), "in the config options")  # the rest does arithmetic with these numbers
@@ -341,6 +368,10 @@ def map_options(spec: ZeroSpec, run: RunAdjustments) -> dict[str, Any]:
         config = on_cpu_ranks(config)
     if spec.tp > 1:  # AutoTP training: DeepSpeed shards the model's linears over tp ranks (lint/rules_tp.py)
         config["tensor_parallel"] = {"autotp_size": spec.tp}
+    if spec.sp > 1:
+        # Where no mpu is given (ZeRO-3's zero.Init under the HF Trainer), DeepSpeedConfig counts world / this as the
+        # data-parallel ranks of the batch keys; a run's Ulysses groups come from accelerate (lint/rules_ulysses.py).
+        config["sequence_parallel_size"] = spec.sp
     config["steps_per_print"] = run.steps_per_print
     config["wall_clock_breakdown"] = False
     return config
@@ -375,10 +406,11 @@ def dumps(config: dict[str, Any]) -> str:
     return json.dumps(config, indent=2, sort_keys=True) + "\n"
 
 
-def accelerate_yaml(config_path: str, world_size: int, nodes: int = 1, zero3_init: bool = False) -> str:
+def accelerate_yaml(config_path: str, world_size: int, nodes: int = 1, zero3_init: bool = False, sp: int = 1) -> str:
     """An `accelerate launch --config_file` YAML that hands the DeepSpeed JSON to accelerate unchanged.
     The JSON holds a concrete micro batch and grad accum and no train_batch_size (`RunAdjustments.global_batch_key`):
-    accelerate fills an "auto" global batch for one process on a CPU host; DeepSpeed derives the right one."""
+    accelerate fills an "auto" global batch for one process on a CPU host; DeepSpeed derives the right one.
+    `sp` > 1: accelerate's parallelism settings for Ulysses (`sequence_parallel_yaml`)."""
     lines = [
         "compute_environment: LOCAL_MACHINE",
         "distributed_type: DEEPSPEED",
@@ -391,5 +423,33 @@ def accelerate_yaml(config_path: str, world_size: int, nodes: int = 1, zero3_ini
         "main_training_function: main",
         "rdzv_backend: static",
         "same_network: true",
+        *sequence_parallel_yaml(world_size, sp),
     ]
     return "\n".join(lines) + "\n"
+
+
+SP_ATTENTION = "sdpa"
+"""The attention Ulysses wraps in the YAML zero-kit writes: SDPA, as `zero-kit train --sp` runs it (flash attention,
+the alternative, needs a GPU; DeepSpeed and accelerate refuse eager). It must be the model's own attn_implementation
+(DeepSpeed's register_with_transformers refuses a mismatch)."""
+
+
+def sequence_parallel_yaml(world_size: int, sp: int) -> list[str]:
+    """The YAML lines of accelerate's `parallelism_config` for Ulysses over `sp` ranks (none for sp 1). accelerate
+    1.15 reads the section's keys as its `--parallelism_config_*` launch options (`_validate_launch_command`), turns
+    them into PARALLELISM_CONFIG_* variables (`prepare_extend_env_parallelism_config`) from which each rank's
+    Accelerator builds its ParallelismConfig. dp_shard_size: the data-parallel ranks, world / sp, which accelerate
+    multiplies into train_batch_size at `_prepare_deepspeed` ("fix it at the last moment"); left at its default 1
+    when one group holds every rank."""
+    if sp <= 1:
+        return []
+    lines = [
+        "parallelism_config:",
+        "  parallelism_config_sp_backend: deepspeed",
+        f"  parallelism_config_sp_size: {sp}",
+        "  parallelism_config_sp_seq_length_is_variable: true",
+        f"  parallelism_config_sp_attn_implementation: {SP_ATTENTION}",
+    ]
+    if world_size > sp:
+        lines.append(f"  parallelism_config_dp_shard_size: {world_size // sp}")
+    return lines

@@ -22,6 +22,7 @@ def number_problems(spec: ZeroSpec) -> list[UserError]:
         "--gpus-per-node": spec.gpus_per_node,
         "--hidden-size": spec.hidden_size,
         "--tp": spec.tp,
+        "--sp": spec.sp,
     }
     problems = [
         UserError(f"{flag} must be a positive integer, got {value}", f"pass {flag} 1 or more, or leave it out")

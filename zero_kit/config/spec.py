@@ -43,9 +43,11 @@ class ZeroSpec(ZeroOptions):
     grad_accum: int | None = None
     """Gradient accumulation steps (gradient_accumulation_steps)."""
     global_batch: int | None = None
-    """Global batch (train_batch_size) = micro batch x grad accum x world size; give any two of the three."""
+    """Global batch (train_batch_size) = micro batch x grad accum x data-parallel size (world size / --sp); give
+    any two of the three."""
     world_size: int | None = None
-    """Number of data-parallel ranks (GPUs in all). Default: nodes x gpus-per-node, else 1."""
+    """Number of ranks (GPUs in all; with --sp N, world size / N of them data-parallel). Default: nodes x
+    gpus-per-node, else 1."""
     nodes: int | None = None
     """Number of nodes (with --gpus-per-node, instead of --world-size)."""
     gpus_per_node: int | None = None
@@ -82,6 +84,10 @@ class ZeroSpec(ZeroOptions):
     """Tensor-parallel ranks per model copy: DeepSpeed AutoTP training (tensor_parallel.autotp_size), with --stage
     0-2 (3 only where the installed DeepSpeed supports it). The ranks of a TP group share each sample, so a step
     trains on global batch / tp distinct samples; keep it inside a node (its all-reduces run every layer)."""
+    sp: int = 1
+    """Ulysses sequence parallelism (DeepSpeed's ALST): each sequence is split over N ranks, which exchange attention
+    heads all-to-all (sequence_parallel_size; with --accelerate-yaml also accelerate's parallelism_config, sp_backend
+    deepspeed). N must divide the world size, and the batch keys count the data-parallel ranks, world size / N."""
     torch_autocast: bool = False
     """Run forward/backward under torch.autocast in bf16 (the torch_autocast section; --precision bf16 or fp32):
     precision-sensitive ops stay fp32."""

@@ -13,6 +13,10 @@
 - E `deepspeed_config_file` that does not exist; a note when it is not the JSON being validated.
 - E distributed_type DEEPSPEED without a deepspeed_config section; W `use_cpu: true` with it: the YAML key sets
   `args.use_cpu`, not `args.cpu`, so the DeepSpeed launcher runs as before and the ranks never see it.
+- E a `parallelism_config` key that is no option of accelerate's "ParallelismConfig Arguments" (copied onto the
+  launch arguments as deepspeed_config's are: a misspelt one is lost); its Ulysses settings (sp_size > 1) by
+  `rules_ulysses.accelerate_sp_rules`: a sequence length sp does not divide, an attention implementation accelerate
+  refuses.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 from zero_kit.errors import UserError
 from zero_kit.lint.problem import Problem, join
+from zero_kit.lint.rules_ulysses import accelerate_sp_rules
 
 # DeepSpeedPlugin._deepspeed_config_checks' environment names, as the YAML keys that set them.
 WITH_CONFIG_FILE = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
@@ -45,14 +50,14 @@ def read_yaml(path: str) -> dict:
     return data
 
 
-def _accelerate_reads() -> tuple[set[str], set[str]]:
-    """(ClusterConfig's fields, the DeepSpeed options of `accelerate launch`), from the installed accelerate."""
+def _accelerate_reads() -> tuple[set[str], set[str], set[str]]:
+    """(ClusterConfig's fields, the DeepSpeed options of `accelerate launch`, its ParallelismConfig options), from the
+    installed accelerate."""
     from accelerate.commands.config.config_args import ClusterConfig
     from accelerate.commands.launch import launch_command_parser
 
-    groups = launch_command_parser()._action_groups
-    deepspeed = next(g for g in groups if g.title == "DeepSpeed Arguments")
-    return set(ClusterConfig.__dataclass_fields__), {a.dest for a in deepspeed._group_actions}
+    groups = {g.title: {a.dest for a in g._group_actions} for g in launch_command_parser()._action_groups}
+    return set(ClusterConfig.__dataclass_fields__), groups["DeepSpeed Arguments"], groups["ParallelismConfig Arguments"]
 
 
 def _close(key: str, known: set[str]) -> str:
@@ -65,7 +70,7 @@ def _close(key: str, known: set[str]) -> str:
 def check_accelerate_yaml(data: dict[str, Any], judged: list[str]) -> tuple[list[Problem], list[str]]:
     """The problems of one accelerate YAML, and notes. A relative deepspeed_config_file is read from the current
     directory, as `accelerate launch` reads it. `judged`: the JSON files being validated beside it."""
-    fields, deepspeed_keys = _accelerate_reads()
+    fields, deepspeed_keys, parallelism_keys = _accelerate_reads()
     problems, notes = [], []
     for key in sorted(set(data) - fields):
         problems.append(Problem("error", join("", key), data[key], "accelerate refuses an unknown key at launch",
@@ -81,12 +86,13 @@ def check_accelerate_yaml(data: dict[str, Any], judged: list[str]) -> tuple[list
                                 " ranks: it changes nothing (ACCELERATE_USE_CPU, set by hand, would turn DeepSpeed"
                                 " off)", "remove it; on a CPU-only host the script gives accelerate a gloo process"
                                 " group (docs/own_script.md)"))  # fmt: skip
+    parallelism = data.get("parallelism_config")
+    if isinstance(parallelism, dict):
+        problems += _lost_keys(parallelism, "parallelism_config", parallelism_keys)
+        problems += accelerate_sp_rules(parallelism)
     if not isinstance(section, dict):
         return problems, notes
-    for key in sorted(set(section) - deepspeed_keys):
-        problems.append(Problem("error", join("deepspeed_config", key), section[key],
-                                "accelerate copies it onto its launch arguments, where nothing reads it: the"
-                                " setting is silently lost", f"{_close(key, deepspeed_keys)}remove it"))  # fmt: skip
+    problems += _lost_keys(section, "deepspeed_config", deepspeed_keys)
     config_file = section.get("deepspeed_config_file")
     if config_file:
         for key in (k for k in WITH_CONFIG_FILE if k in section):
@@ -101,3 +107,10 @@ def check_accelerate_yaml(data: dict[str, Any], judged: list[str]) -> tuple[list
         elif judged and all(path.resolve() != Path(j).resolve() for j in judged):
             notes.append(f"its deepspeed_config_file {config_file} is not the JSON judged here")
     return problems, notes
+
+
+def _lost_keys(section: dict[str, Any], name: str, known: set[str]) -> list[Problem]:
+    """The keys of a YAML section that accelerate copies onto its launch arguments, where nothing reads them."""
+    return [Problem("error", join(name, key), section[key], "accelerate copies it onto its launch arguments, where"
+                    " nothing reads it: the setting is silently lost", f"{_close(key, known)}remove it")
+            for key in sorted(set(section) - known)]  # fmt: skip

@@ -54,6 +54,10 @@ Rules (E: error, W: warning):
   E autotp_size not dividing the world size; E tp.tp_size disagreeing; W more than or not dividing the model's kv
   heads (with a model); W the batch counts tp ranks (train_batch_size / tp distinct samples); W a DeepSpeed that
   does not shard from the config (needs deepspeed.tp_model_init).
+- Ulysses sequence parallelism (sequence_parallel_size > 1, rules_ulysses): E attention heads not divisible by it,
+  E key-value heads that neither divide it nor are divisible by it (with a model); W not dividing the ranks per node
+  (groups span nodes); E AutoEP at ZeRO-3. In an accelerate YAML (accelerate_yaml): E a sequence length it does not
+  divide, E an attention implementation accelerate refuses for it (eager, flex_attention, ...).
 - E NaN/Infinity anywhere; E duplicate keys (reader); W not strict JSON but hjson reads it (reader, --for deepspeed
   only; the other consumers cannot read it); E DeepSpeed's own DeepSpeedConfig parse fails at the world size.
 """
@@ -62,7 +66,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from zero_kit.lint import ds_parse, rules_batch, rules_consumer, rules_tp, rules_trainer, rules_zero, rules_zeropp
+from zero_kit.lint import (
+    ds_parse,
+    rules_batch,
+    rules_consumer,
+    rules_tp,
+    rules_trainer,
+    rules_ulysses,
+    rules_zero,
+    rules_zeropp,
+)
 from zero_kit.lint import rules as lint_rules
 from zero_kit.lint import schema as lint_schema
 from zero_kit.lint.problem import ROOT, LintContext, Problem
@@ -111,6 +124,7 @@ def _rule_pass(config: dict, context: LintContext) -> tuple[list[Problem], int]:
     problems += rules_zero.zero_rules(config, context.target, context.device)
     problems += rules_zeropp.zeropp_rules(config, context)
     problems += rules_tp.tp_rules(config, context)
+    problems += rules_ulysses.sp_rules(config, context)
     problems += lint_rules.scheduler_rules(config)
     problems += rules_trainer.trainer_rules(config, context)
     problems += rules_consumer.consumer_rules(config, context)
