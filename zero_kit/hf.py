@@ -85,8 +85,7 @@ def training_arguments(
     check_options(opts)
     raise_all(_input_problems(precision, training_kwargs), "in training_arguments()")
     machine = _machine()  # under srun, SLURM's variables translated; without a launcher, a world of one
-    if sp > 1:
-        dp_size_of(int(os.environ.get("WORLD_SIZE", "1")), sp)  # the launcher's world, before any rendezvous
+    dp_size_of(int(os.environ.get("WORLD_SIZE", "1")), sp)  # --sp against the launcher's world, before a rendezvous
     raise_all(_machine_problems(training_kwargs, machine.on_gpu), "in training_arguments()")
     device = "cuda" if machine.on_gpu else "cpu"
     config = trainer_ds_config(opts, torch_adam=not machine.on_gpu, device=device)

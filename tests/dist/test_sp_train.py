@@ -1,10 +1,13 @@
-"""`zero-kit train --sp 2` (Ulysses sequence parallelism through the HF Trainer's ParallelismConfig, DeepSpeed's
-ALST) on 2 CPU ranks under ZeRO-3, against one rank training the same batches at sp=1, fp32:
+"""`zero-kit train --sp 2 --tiled-compute` (Ulysses sequence parallelism through the HF Trainer's ParallelismConfig
+and DeepSpeed's tiled MLP and logits-loss: ALST) on 2 CPU ranks under ZeRO-3, against one rank training the same
+batches at sp=1 without tiling, fp32:
 
 - the same per-step loss within 1e-5 over 10 steps and the same tokens counted (each rank counts the tokens of its
   half of every sequence: the halves add up to the rows);
 - the shipped rows differ in length: on CPU every batch is padded to --max-length (a multiple of --sp), since gloo
-  gathers a group's batches at one size only, and the padding is out of the loss (the parity above);
+  gathers a group's batches at one size only, and the padding is out of the loss (the parity above); 512 tokens are
+  256 per rank, two slices of the tiny model's width (192) for the MLP and the loss (tests/unit/test_tiled.py: the
+  tiling alone);
 - its checkpoint resumes at another sp (one rank, sp=1: a universal conversion) with the losses going on as the
   uninterrupted run's, and its export loads in plain transformers.
 """
@@ -20,15 +23,15 @@ from tests.support.runs import assert_losses_continue, assert_trained, log_recor
 
 pytestmark = pytest.mark.dist
 STEPS = 10
-COMMON = ["--stage", "3", "--micro-batch", "2", "--max-length", "128", "--max-steps", str(STEPS), "--log-steps", "1"]
+COMMON = ["--stage", "3", "--micro-batch", "2", "--max-length", "512", "--max-steps", str(STEPS), "--log-steps", "1"]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("sp")
     sp, alone = root / "sp2", root / "one_rank"
-    text = run(zero_kit("train", "--nproc", "2", "--sp", "2", "--save-steps", "5", "--save-total-limit", "3",
-                        *COMMON, "--output", str(sp)), timeout=600).stdout  # fmt: skip
+    text = run(zero_kit("train", "--nproc", "2", "--sp", "2", "--tiled-compute", "--save-steps", "5",
+                        "--save-total-limit", "3", *COMMON, "--output", str(sp)), timeout=600).stdout  # fmt: skip
     assert "2 rank(s) in 1 sequence-parallel group(s) of 2" in text, text[-3000:]
     run(zero_kit("train", *COMMON, "--no-export", "--output", str(alone)), timeout=600)
     return {"sp": sp, "alone": alone, "root": root}

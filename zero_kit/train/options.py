@@ -93,6 +93,10 @@ class TrainOptions(ZeroOptions):
     """Dropout on the LoRA input."""
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
+    tiled_compute: bool = False
+    """DeepSpeed's tiled compute for long sequences (ALST): each layer's MLP and the logits with the loss run over
+    slices of the sequence, recomputed in backward, so neither the MLP's intermediate tensors nor the vocabulary-wide
+    logits exist for the whole sequence at once. Costs one more forward of the MLPs and the output head."""
     sp: int = 1
     """Sequence parallelism (Ulysses, DeepSpeed's ALST through the HF Trainer): each sequence is split over N ranks,
     which exchange attention heads all-to-all, so activations per rank shrink about N-fold. The ranks must be a
@@ -182,10 +186,14 @@ def check_options(opts: TrainOptions) -> None:
 
 
 def _sp_problems(opts: TrainOptions) -> list[UserError]:
-    """--sp against the flags that cannot go with it (the world size: zero_kit.train.plan.plan_run)."""
-    if opts.sp <= 1:
-        return []
+    """--sp and --tiled-compute against the flags that cannot go with them (the world size:
+    zero_kit.train.plan.plan_run)."""
     bad = []
+    if opts.tiled_compute and opts.method == "dpo":  # TRL computes its log-probabilities from the logits itself
+        bad.append(UserError("--tiled-compute with --method dpo: TRL's DPO loss needs the whole logits",
+                             "drop --tiled-compute"))  # fmt: skip
+    if opts.sp <= 1:
+        return bad
     if opts.pack:  # SDPA's causal mask would span a packed row's documents once Ulysses gathers the sequence
         bad.append(UserError(f"--pack with --sp {opts.sp}: packed rows under sequence parallelism need flash "
                              "attention (a GPU); with SDPA, documents would attend across their boundaries",

@@ -289,6 +289,10 @@ def _build_model(opts: TrainOptions, zero3: bool = False):
         model.config.use_cache = False
     if opts.lora_r is not None and opts.method != "dpo":  # DPO: TRL wraps it, to switch the adapter off
         model = apply_lora(model, opts, zero3)
+    if opts.tiled_compute:
+        from zero_kit.train.long_sequences.tiled import tile
+
+        tile(model)
     return tokenizer, model, held
 
 
