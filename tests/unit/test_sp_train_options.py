@@ -92,3 +92,23 @@ def test_the_planner_divides_a_ranks_tokens_by_sp_and_the_memory_check_follows(t
     assert fits[1] == [] and "zero3" in fits[8] and plans[8]["recommended"], fits
     view = {sp: _plan(tmp_path, nproc=2, sp=sp).planner() for sp in (1, 2)}  # what the run's memory check reads
     assert view[2].workload.rank_tokens * 2 == view[1].workload.rank_tokens
+
+
+def test_tiled_compute_plans_one_slice_of_logits_and_no_mlp_intermediates():
+    """--tiled-compute in the planner: the logits phases charge one slice (zero_kit.plan.workload.tile_slices, the
+    count zero_kit.train.long_sequences.tiled cuts), the layers save no MLP intermediates, one more MLP and head
+    forward per token; Llama-3-8B at 128k tokens on one 8 x 80 GB node fits with --sp 8 and tiling."""
+    from zero_kit.plan.memory import activation_terms
+    from zero_kit.plan.shapes import LlamaShape
+    from zero_kit.plan.timing import compute_seconds
+    from zero_kit.plan.workload import Workload, tile_slices
+
+    shape = LlamaShape(4096, 32, 32, 8, 14336, 128256)
+    plain, tiled = (Workload(shape, shape.n_params, 131072, sp=8, tiled=t) for t in (False, True))
+    assert tiled.slices == tile_slices(16384, 1, 4096, 128256) == 8  # 16384 tokens of fp32 logits: 7.8 GiB / 1 GiB
+    terms = {w.tiled: activation_terms(w) for w in (plain, tiled)}
+    logits = {t: next(v for k, (v, _) in terms[t].items() if "log-softmax" in k) for t in terms}
+    assert logits[False] == 8 * logits[True]
+    assert sum(v for v, _ in terms[True].values()) < 0.4 * sum(v for v, _ in terms[False].values())
+    rates = type("Rates", (), {"flops_per_s": 1.0})()
+    assert compute_seconds(tiled, rates) > compute_seconds(plain, rates)

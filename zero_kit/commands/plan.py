@@ -80,6 +80,9 @@ class PlanOptions:
     """LoRA rank: frozen base weights (16-bit) plus adapters on every linear of each block."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer in backward instead of keeping its activations."""
+    tiled_compute: bool = False
+    """DeepSpeed's tiled MLP and tiled logits-loss (zero-kit train --tiled-compute): the MLP's intermediate tensors and
+    the fp32 logits for one slice of the sequence at a time."""
     sp: int = 1
     """Ulysses sequence parallelism (zero-kit train --sp): each GPU holds seq_len / sp tokens of every sequence, so
     its activations, logits and compute are those of seq_len / sp; it must divide --gpus-per-node. Data-parallel
@@ -326,7 +329,8 @@ def build_inputs(opts: PlanOptions):
                         f"and --seq-len ({opts.seq_len})", "pass an --sp that divides both")  # fmt: skip
     label, shape, n_params = resolve_model(opts)
     work = Workload(shape, n_params, opts.seq_len, opts.micro_batch, opts.precision, opts.lora_r,
-                    opts.activation_checkpointing, preference=opts.method == "dpo", sp=opts.sp)  # fmt: skip
+                    opts.activation_checkpointing, preference=opts.method == "dpo", sp=opts.sp,
+                    tiled=opts.tiled_compute)  # fmt: skip
     host = parse_size(opts.host_mem, "--host-mem") if opts.host_mem else None
     hardware = Hardware(
         parse_size(opts.gpu_mem, "--gpu-mem"),

@@ -72,16 +72,17 @@ class Option:
     host: Terms
     comm_bytes_per_step: int
     states_formula: str
+    nodes: int = 1
+    traffic: TierBytes = TierBytes()
+    """Ring bytes per step, all ranks, by link tier (zero_kit.plan.traffic): what the slow-link ranking reads."""
+    layout: Layout | None = None
+    """Tensor/pipeline parallel layout (zero_kit.plan.parallel_options); None: data parallel alone."""
+    # Filled in after construction: the fit against the hardware, the recommender's notes, the step time.
     fits_gpu: bool = False
     fits_host: bool | None = None
     notes: list[str] = field(default_factory=list)
     timing: Any = None
     """`zero_kit.plan.timing.StepTime` when the plan predicts step times."""
-    traffic: TierBytes = TierBytes()
-    """Ring bytes per step, all ranks, by link tier (zero_kit.plan.traffic): what the slow-link ranking reads."""
-    nodes: int = 1
-    layout: Layout | None = None
-    """Tensor/pipeline parallel layout (zero_kit.plan.parallel_options); None: data parallel alone."""
 
     @property
     def strategy(self) -> str:
@@ -135,7 +136,8 @@ def _layer_saved(work: Workload, autocast: bool) -> tuple[int, str]:
     tests/unit/test_plan.py and benchmarks/plan_memtracker/run.py."""
     s, a = work.shape, DTYPE_BYTES[work.precision]
     bs = work.rank_tokens  # b: sequences (two per DPO pair); s / sp under sequence parallelism
-    mlp, kv = 4 * a * s.intermediate_size, 2 * a * s.kv_size
+    # tiled: TiledMLP saves only its input (the norm's output, counted above) and recomputes the rest in backward
+    mlp, kv = (0 if work.tiled else 4 * a * s.intermediate_size), 2 * a * s.kv_size
     if autocast:
         return bs * ((16 + 7 * a) * s.hidden_size + kv + mlp), f"bs[{16 + 7 * a}h + {2 * a}h_kv + {4 * a}I]"
     return bs * ((8 + 6 * a) * s.hidden_size + kv + mlp), f"bs[{8 + 6 * a}h + {2 * a}h_kv + {4 * a}I]"
@@ -158,16 +160,19 @@ def _peak_phases(work: Workload, strategy: str, autocast: bool) -> dict[str, Ter
     """
     s, a = work.shape, DTYPE_BYTES[work.precision]
     bs = work.rank_tokens  # b: sequences (two per DPO pair); s / sp under sequence parallelism
-    bsv = bs * s.vocab_size
+    bsv = bs * s.vocab_size // work.slices  # tiled: one slice's logits at a time
+    v = "bsV" if work.slices == 1 else f"bsV/{work.slices}"
     root = s.vocab_size * s.hidden_size * (1 if s.tie_word_embeddings else 2)
     layer, layer_formula = _layer_saved(work, autocast)
     forward: Terms = {
-        "logits, fp32 copy, log-softmax": (bsv * (a + 8 if a < 4 else 8), f"bsV x {a + 8 if a < 4 else 8}")
+        "logits, fp32 copy, log-softmax": (bsv * (a + 8 if a < 4 else 8), f"{v} x {a + 8 if a < 4 else 8}")
     }
-    backward: Terms = {"fp32 log-softmax + 2 gradients": (12 * bsv, "bsV x 12")}
+    backward: Terms = {"fp32 log-softmax + 2 gradients": (12 * bsv, f"{v} x 12")}
     one_layer: Terms = {"backward working set (one layer)": (layer, layer_formula)}
     if work.activation_checkpointing:
         one_layer["one layer recomputed"] = (layer, layer_formula)
+    if work.tiled:  # one MLP slice recomputed with its gradients
+        one_layer["one MLP slice recomputed"] = (bs * 4 * a * s.intermediate_size // work.slices, "bs/slices x 4aI")
     if autocast:
         forward["autocast weight cache"] = (2 * work.n_params, "2Ψ")
         backward["autocast copies saved"] = (

@@ -172,6 +172,10 @@ def compute_seconds(work: Workload, rates: Rates) -> float:
         flops -= 2 * (work.n_params - (work.trainable_params or 0))
     if work.activation_checkpointing:
         flops *= 4 / 3
+    if work.tiled:  # TiledMLP and the tiled loss run each slice's MLP and output head forward again in backward
+        flops += 2 * (
+            shape.layers * 3 * shape.hidden_size * shape.intermediate_size + shape.vocab_size * shape.hidden_size
+        )
     if work.preference:  # DPO: the frozen reference's forward (2 FLOPs per parameter per token) over both sequences
         flops += 2 * work.n_params
     return flops * work.rank_tokens / rates.flops_per_s  # a sequence-parallel rank computes its 1/sp

@@ -4,6 +4,7 @@ models of `zero-kit plan`."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,17 @@ class Workload:
         """Sequences per rank in one forward pass: the micro batch, twice that for preference pairs."""
         return self.micro_batch * (2 if self.preference else 1)
 
+    tiled: bool = False
+    """DeepSpeed's tiled MLP and tiled logits-loss (`--tiled-compute`): the MLP's intermediate tensors and the fp32
+    logits exist for one slice of the sequence at a time (`tile_slices`); the MLP saves only its input."""
+
+    @property
+    def slices(self) -> int:
+        """The slices a tiled run cuts each rank's sequence into (1 untiled)."""
+        if not self.tiled:
+            return 1
+        return tile_slices(self.seq_len // self.sp, self.sequences, self.shape.hidden_size, self.shape.vocab_size)
+
     @property
     def rank_tokens(self) -> int:
         """Tokens each rank holds in one forward pass (b s / sp): what its activations and its compute scale with."""
@@ -43,6 +55,17 @@ class Workload:
         if not self.lora_r:
             return None
         return self.shape.lora_params(self.lora_r)
+
+
+LOGITS_SLICE_BYTES = 2**30
+"""A slice of the tiled loss holds at most this many bytes of fp32 logits."""
+
+
+def tile_slices(length: int, rows: int, hidden: int, vocab: int) -> int:
+    """Slices of a sequence of `length` tokens (per rank) under tiled compute: ceil(length / h), DeepSpeed's choice for
+    its TiledMLP, and enough that one slice's fp32 logits of `rows` rows stay under LOGITS_SLICE_BYTES
+    (zero_kit.train.long_sequences.tiled cuts the same)."""
+    return max(1, math.ceil(length / hidden), math.ceil(length * rows * vocab * 4 / LOGITS_SLICE_BYTES))
 
 
 def from_record(record: dict[str, Any]) -> Workload:

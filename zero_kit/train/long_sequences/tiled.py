@@ -20,10 +20,6 @@ from __future__ import annotations
 
 import math
 
-LOGITS_SLICE_BYTES = 2**30
-"""A slice of the loss holds at most this many bytes of fp32 logits (b x slice x V x 4), and at most h positions
-(as the MLP's slices)."""
-
 
 def tile(model, *, mlp: bool = True, loss: bool = True) -> int:
     """Tile `model` (a HF causal LM, or a peft model around one) in place; the MLP modules tiled."""
@@ -106,12 +102,13 @@ def _tiled_loss(head, computing, hidden, labels, shift_labels, vocab_size, num_i
     import torch.nn.functional as F
     from deepspeed.runtime.sequence_parallel.ulysses_sp import sequence_tiled_compute
 
+    from zero_kit.plan.workload import tile_slices
+
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     shift_labels = shift_labels.to(hidden.device)
     batch, length = shift_labels.shape[:2]
-    per_token = batch * vocab_size * 4  # fp32 logits of one position of every row
-    slices = agreed_slices(max(math.ceil(length / width), math.ceil(length * per_token / LOGITS_SLICE_BYTES)))
+    slices = agreed_slices(tile_slices(length, batch, width, vocab_size))  # what the planner counts
 
     def summed(hidden_states, labels):
         computing["head"] = True
