@@ -112,3 +112,26 @@ def test_tiled_compute_plans_one_slice_of_logits_and_no_mlp_intermediates():
     assert sum(v for v, _ in terms[True].values()) < 0.4 * sum(v for v, _ in terms[False].values())
     rates = type("Rates", (), {"flops_per_s": 1.0})()
     assert compute_seconds(tiled, rates) > compute_seconds(plain, rates)
+
+
+def test_longest_is_the_last_length_that_fits_and_names_what_limits_it():
+    """`zero-kit plan --longest`: for each data-parallel option, the found length fits and one sp step more does not."""
+    from dataclasses import replace
+
+    from zero_kit.plan.memory import PLANNED, Hardware, evaluate
+    from zero_kit.plan.recommend import longest_sequences
+    from zero_kit.plan.shapes import LlamaShape
+    from zero_kit.plan.workload import Workload
+
+    shape = LlamaShape(4096, 32, 32, 8, 14336, 128256)
+    work = Workload(shape, shape.n_params, 32768, sp=8, tiled=True)
+    hardware = Hardware(80 * 10**9, 8, 1)
+    found = {longest.label: longest for longest in longest_sequences(work, hardware)}
+    for info in PLANNED:
+        label = evaluate(info, work, hardware).label
+        longest = found[label]
+        if longest.seq_len:
+            assert evaluate(info, replace(work, seq_len=longest.seq_len), hardware).fits
+            assert longest.limit_terms
+        assert not evaluate(info, replace(work, seq_len=longest.seq_len + 8), hardware).fits
+    assert found["zero3"].seq_len > 32768 * 2 and found["ddp"].seq_len == 0

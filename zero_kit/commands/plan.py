@@ -8,7 +8,7 @@ import argparse
 import json
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -102,6 +102,9 @@ class PlanOptions:
     """Micro batches per step of each model-parallel replica (default tp x pp: the flat options' global batch)."""
     model_parallel: bool = True
     """Plan tensor/pipeline layouts beside data parallelism (--no-model-parallel: data parallelism alone)."""
+    longest: bool = False
+    """Also find, for every data-parallel option, the longest --seq-len that fits at this micro batch and these flags
+    (in steps of --sp), and the terms that set the limit."""
     json: bool = False
     """Print a JSON object (bytes) instead of the table."""
 
@@ -365,6 +368,10 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.output, "-o", args.force)
     label, work, hardware, rates, layouts = build_inputs(opts)
     plan = make_plan(work, hardware, rates, opts.rank_by, layouts)
+    if opts.longest:
+        from zero_kit.plan.recommend import longest_sequences
+
+        plan = replace(plan, longest=longest_sequences(work, hardware))
     print(render_json(plan, label) if opts.json else render_text(plan, label))
     if plan.recommended is None:
         if not opts.json:

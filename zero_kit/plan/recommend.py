@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from zero_kit.metrics import gib
-from zero_kit.plan.memory import Hardware, Option, Workload, evaluate_all
+from zero_kit.plan.memory import PLANNED, Hardware, Option, Workload, evaluate, evaluate_all
 from zero_kit.plan.parallel import Layout
 from zero_kit.plan.parallel_options import default_layouts, evaluate_layout, layout_reasons, layout_step_time
 from zero_kit.plan.rates import Rates
@@ -57,6 +57,8 @@ class Plan:
     reasons: list[str]
     rates: Rates | None = None
     rank_by: str = "memory"
+    longest: list[Longest] | None = None
+    """`zero-kit plan --longest`: every data-parallel option's longest fitting sequence."""
 
 
 def make_plan(
@@ -88,6 +90,41 @@ def make_plan(
     if best:
         reasons[-1:-1] = layout_reasons(best, options, work, hardware)
     return Plan(work, hardware, options, best, reasons, rates, rank_by)
+
+
+@dataclass(frozen=True)
+class Longest:
+    """The longest sequence a data-parallel option fits at the run's micro batch and flags (a multiple of sp)."""
+
+    label: str
+    seq_len: int
+    """0: not even sp tokens fit."""
+    limit_terms: tuple[str, ...]
+    """The largest GPU terms at that length: what sets the limit."""
+
+
+LONGEST_LIMIT = 1 << 24
+"""The search stops at 16M tokens."""
+
+
+def longest_sequences(work: Workload, hardware: Hardware) -> list[Longest]:
+    """For every data-parallel option, the longest --seq-len (in steps of sp) whose plan fits: the memory of a
+    sequence only grows with its length, so a binary search over the planner's own evaluation finds it."""
+    step, found = work.sp, []
+    for info in PLANNED:
+
+        def at(units: int, info=info) -> Option:
+            return evaluate(info, replace(work, seq_len=units * step), hardware)
+
+        low, high = 0, LONGEST_LIMIT // step  # at(low) fits (or low is 0); at(high + 1) is past the search
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if at(middle).fits else (low, middle - 1)
+        option = at(max(low, 1))
+        terms = {**option.states, **option.activations, **option.buffers}
+        largest = sorted(terms, key=lambda name: -terms[name][0])[:2]
+        found.append(Longest(option.label, low * step, tuple(largest)))
+    return found
 
 
 def _time_reason(best: Option, options: list[Option]) -> str:

@@ -51,12 +51,25 @@ def render_text(plan: Plan, label: str) -> str:
     )
     if plan.rates is not None:
         lines += ["", *time_table(plan)]
+    if plan.longest is not None:
+        lines += ["", *longest_table(plan)]
     lines.append("")
     lines.append(f"recommended: {plan.recommended.label}" if plan.recommended else "refused: nothing fits")
     lines += [f"  - {reason}" for reason in plan.reasons]
     shown = plan.recommended or min(plan.options, key=lambda o: o.gpu_bytes()["total"])
     lines += ["", *breakdown(shown), "  " + describe(plan.hardware.assume)]
     return "\n".join(lines)
+
+
+def longest_table(plan: Plan) -> list[str]:
+    """`--longest`: each data-parallel option's longest fitting sequence and the two largest terms there."""
+    w = plan.work
+    lines = [f"longest sequence that fits (micro batch {w.micro_batch}, these flags, in steps of sp {w.sp}):",
+             f"  {'option':<26}{'tokens':>12}  largest terms there"]  # fmt: skip
+    for longest in plan.longest:
+        tokens = f"{longest.seq_len:,}" if longest.seq_len else "none"
+        lines.append(f"  {longest.label:<26}{tokens:>12}  {', '.join(longest.limit_terms)}")
+    return lines
 
 
 def time_table(plan: Plan) -> list[str]:
@@ -186,4 +199,6 @@ def render_json(plan: Plan, label: str) -> str:
         "rank_by": plan.rank_by,
         "rates": asdict(plan.rates) if plan.rates is not None else None,
     }
+    if plan.longest is not None:
+        document["longest"] = [asdict(longest) for longest in plan.longest]
     return json.dumps(document, indent=2)
