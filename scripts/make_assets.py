@@ -64,20 +64,18 @@ def batch_rows(rng: random.Random, count: int) -> list[dict]:
 
 
 def zero_bytes_rows() -> list[dict]:
-    """Bytes per parameter for mixed-precision Adam: 2 (weights) + 2 (gradients) + 12 (optimizer state)."""
-    rows = []
-    for gpus in [2, 4, 8, 16, 32, 64]:
-        per_stage = {0: 16.0, 1: 4 + 12 / gpus, 2: 2 + 14 / gpus, 3: 16 / gpus}
-        for stage, total in per_stage.items():
-            rows.append(
-                {
-                    "instruction": f"How many bytes per parameter does ZeRO stage {stage} need on {gpus} GPUs "
-                    "with mixed precision Adam?",
-                    "input": "",
-                    "output": f"About {total:.2f} bytes per parameter on each GPU.",
-                }
-            )
-    return rows
+    """Bytes per parameter for mixed-precision Adam: 2 (weights) + 2 (gradients) + 12 (optimizer state); the
+    table is the preference data's (make_preference_data.zero_bytes_per_stage)."""
+    question = "How many bytes per parameter does ZeRO stage {} need on {} GPUs with mixed precision Adam?"
+    return [
+        {
+            "instruction": question.format(stage, gpus),
+            "input": "",
+            "output": f"About {total:.2f} bytes per parameter on each GPU.",
+        }
+        for gpus in make_preference_data.ZERO_GPU_COUNTS
+        for stage, total in make_preference_data.zero_bytes_per_stage(gpus).items()
+    ]
 
 
 def alpaca_rows() -> list[dict]:

@@ -70,11 +70,21 @@ def batch_pairs(rng: random.Random, count: int) -> list[dict]:
     return rows
 
 
+ZERO_GPU_COUNTS = [2, 4, 8, 16, 32, 64]
+
+
+def zero_bytes_per_stage(gpus: int) -> dict[int, float]:
+    """Bytes per parameter on each of `gpus` GPUs at ZeRO stages 0-3 with mixed-precision Adam: 2 (weights) + 2
+    (gradients) + 12 (optimizer state), stage 1 sharding the optimizer state, 2 also the gradients, 3 everything.
+    scripts/make_assets.py asks the same questions in its SFT data."""
+    return {0: 16.0, 1: 4 + 12 / gpus, 2: 2 + 14 / gpus, 3: 16 / gpus}
+
+
 def zero_bytes_pairs() -> list[dict]:
     """Bytes per parameter for mixed-precision Adam at each stage, against the figure of another stage."""
     rows = []
-    for gpus in [2, 4, 8, 16, 32, 64]:
-        per_stage = {0: 16.0, 1: 4 + 12 / gpus, 2: 2 + 14 / gpus, 3: 16 / gpus}
+    for gpus in ZERO_GPU_COUNTS:
+        per_stage = zero_bytes_per_stage(gpus)
         for stage, total in per_stage.items():
             wrong = per_stage[(stage + 2) % 4]
             instruction = f"How many bytes per parameter does ZeRO stage {stage} need on {gpus} GPUs?"

@@ -16,17 +16,19 @@ import statistics
 import time
 
 
+def _seconds(run) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
 def _median_ms(run, repeats: int = 7) -> float:
+    """Milliseconds of `run`: the median of `repeats` calls, after one warm-up call and a barrier."""
     import torch.distributed as dist
 
     run()
     dist.barrier()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return statistics.median([_seconds(run) for _ in range(repeats)]) * 1e3
 
 
 def main() -> None:

@@ -58,10 +58,10 @@ class StateBytes:
     params: int
     grads: int
     optimizer: int
-    formula: str = ""
     host_params: int = 0
     host_grads: int = 0
     host_optimizer: int = 0
+    formula: str = ""
     host_formula: str = ""
     part_formulas: tuple[str, ...] = ("", "", "")
     """Formulas of params, grads and optimizer, in that order."""

@@ -48,7 +48,6 @@ from zero_kit.strategies import StrategyInfo
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb default
 ALLGATHER_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed allgather_bucket_size default
 ZERO3_LIVE_LIMIT = 1_000_000_000  # the generator's stage3_max_live_parameters and stage3_max_reuse_distance
-GROUPS = ("world", "node", "across")
 
 
 @dataclass(frozen=True)
@@ -84,6 +83,9 @@ class TierBytes:
 
 def _ceil(a: float, b: float) -> int:
     return max(1, -(-int(a) // int(b)))
+
+
+GROUPS = ("world", "node", "across")
 
 
 def group_size(group: str, nodes: int, ranks_per_node: int) -> int:
