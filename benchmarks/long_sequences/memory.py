@@ -24,28 +24,12 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.plan_rss.run import model_dir
+
 SHAPE = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=16384, tie_word_embeddings=False)  # fmt: skip
 GIB = 2**30
 ROWS = 4
-
-
-def model_dir(work: Path) -> Path:
-    target = work / "model"
-    if (target / "config.json").is_file():
-        return target
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from zero_kit.model import load_tokenizer
-
-    tokenizer = load_tokenizer(None)
-    config = LlamaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **SHAPE)  # fmt: skip
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    return target
 
 
 def data_file(work: Path, length: int) -> Path:
@@ -102,7 +86,7 @@ def main() -> None:
     import transformers
 
     args.work.mkdir(parents=True, exist_ok=True)
-    model = model_dir(args.work)
+    model = model_dir(args.work, SHAPE)
     deltas = {}
     print("| sp | ranks | peak RSS per rank at short, GiB | at long, GiB | long - short, GiB | wall s (long) |")
     print("|---|---|---|---|---|---|")

@@ -29,8 +29,8 @@ SHAPE = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_a
 GIB = 2**30
 
 
-def model_dir(work: Path) -> Path:
-    """The model directory, built once: random init of SHAPE, the embedded tokenizer."""
+def model_dir(work: Path, shape: dict | None = None) -> Path:
+    """The model directory, built once: random init of `shape` (default SHAPE), the embedded tokenizer."""
     target = work / "model"
     if (target / "config.json").is_file():
         return target
@@ -41,7 +41,7 @@ def model_dir(work: Path) -> Path:
 
     tokenizer = load_tokenizer(None)
     config = LlamaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **SHAPE)  # fmt: skip
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **(shape or SHAPE))  # fmt: skip
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(target)
     tokenizer.save_pretrained(target)
