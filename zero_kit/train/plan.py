@@ -206,9 +206,8 @@ def launch_sizes(opts: TrainOptions, environ: dict[str, str]) -> tuple[int, int,
     try:
         launched, _ = world_size_from_env(environ)
     except ValueError as err:
-        raise UserError(
-            f"the launcher's environment: {err}", "start the ranks with deepspeed, torchrun or srun"
-        ) from None
+        fix = "start the ranks with deepspeed, torchrun or srun"
+        raise UserError(f"the launcher's environment: {err}", fix) from None
     if launched:
         per_node = min(local_size_from_env(environ) or launched, launched)
         return launched, per_node, max(1, launched // per_node)
