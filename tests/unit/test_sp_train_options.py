@@ -30,7 +30,7 @@ def test_the_plan_divides_the_world_by_sp(tmp_path):
 def test_a_world_or_a_node_sp_does_not_divide_is_refused_with_the_fix():
     with pytest.raises(UserError) as err:
         dp_size_of(3, 2)
-    assert "--sp 2 does not divide the job's 3 rank(s)" in str(err.value) and "divides 3" in err.value.fix
+    assert "--sp 2 does not divide the world size 3 (the job's ranks)" in str(err.value) and "3" in err.value.fix
     with pytest.raises(UserError) as err:  # 2 nodes of 3: a group of 2 would span the nodes
         dp_size_of(6, 2, per_node=3)
     assert "per node" in str(err.value) and "divides 3" in err.value.fix

@@ -130,7 +130,7 @@ def test_sp_is_zero_kit_trains_and_a_world_it_does_not_divide_is_refused(monkeyp
 
     for name, value in {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(name, value)  # a launcher's third of three ranks: nothing is brought up for the error
-    with pytest.raises(UserError, match="--sp 2 does not divide the job's 3 rank"):
+    with pytest.raises(UserError, match=r"--sp 2 does not divide the world size 3 \(the job's ranks\)"):
         training_arguments("out", stage=3, sp=2)
     with pytest.raises(UserError, match="--sp must be"):
         training_arguments("out", stage=3, sp=0)

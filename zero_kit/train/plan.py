@@ -186,17 +186,18 @@ def plan_run(opts: TrainOptions, environ: dict[str, str], host: Host, *, claim_t
 
 
 def dp_size_of(world: int, sp: int, per_node: int | None = None) -> int:
-    """The data-parallel size of `world` ranks in sequence-parallel groups of `sp` (the one place it is computed).
-    DeepSpeed groups consecutive ranks, so with `per_node` ranks on each node a group stays inside one node (its
-    all-to-all on the fast links) when `sp` divides `per_node`."""
-    if world % sp:
-        raise UserError(f"--sp {sp} does not divide the job's {world} rank(s): each sequence-parallel group is "
-                        f"{sp} ranks", f"pass an --sp that divides {world}, or start a multiple of {sp} ranks")  # fmt: skip
+    """The data-parallel size of a run's `world` ranks in sequence-parallel groups of `sp`: the generator's own
+    arithmetic (zero_kit.config.builder.data_parallel_size, the one place it is computed). DeepSpeed groups
+    consecutive ranks, so with `per_node` ranks on each node a group stays inside one node (its all-to-all on the fast
+    links) when `sp` divides `per_node`."""
+    from zero_kit.config.builder import data_parallel_size
+
+    dp_size = data_parallel_size(world, sp, "the job's ranks")
     if per_node is not None and per_node % sp:
         raise UserError(f"--sp {sp} does not divide the {per_node} rank(s) per node: a sequence-parallel group would "
                         "span two nodes, its all-to-all on the slow link",
                         f"pass an --sp that divides {per_node}")  # fmt: skip
-    return world // sp
+    return dp_size
 
 
 def launch_sizes(opts: TrainOptions, environ: dict[str, str]) -> tuple[int, int, int]:
