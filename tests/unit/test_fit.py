@@ -197,3 +197,26 @@ def test_the_host_refusing_an_allocation_is_named_too():
     for err in (MemoryError(), RuntimeError(f"[enforce fail at alloc_cpu.cpp:117] . {oom.CPU_OUT_OF_MEMORY}: 8 GiB")):
         with pytest.raises(UserError, match="^out of memory at step 2"), oom.out_of_memory_named(GIB, "x", lambda: 2):
             raise err
+
+
+def test_a_long_sequence_that_does_not_fit_is_offered_sequence_parallelism_and_tiling(tmp_path, monkeypatch):
+    """At 16k tokens on 2 CPU ranks, micro batch 1 already: the fix is a long-sequence flag (--sp 2 and/or
+    --tiled-compute, issue 48), and the flags it names pass the same check."""
+    model = _model_dir(tmp_path, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=32000, max_position_embeddings=16384)  # fmt: skip
+    opts = TrainOptions(model=model, nproc=2, micro_batch=1, max_length=16384, activation_checkpointing=True)
+    wanted = _need(opts)
+    best = min(_need(replace(opts, sp=2, tiled_compute=True)), _need(replace(opts, tiled_compute=True)))
+    assert best < 0.6 * wanted
+    limit = (wanted + best) // 2
+    monkeypatch.setenv(fit.HOST_MEM_ENV, str(limit))
+    with pytest.raises(UserError) as refused:
+        fit.before_launch(_plan(opts), speak=False)
+    fix = refused.value.fix.split("add ")[1].split(" (planned")[0]
+    assert "--sp" in fix or "--tiled-compute" in fix, fix
+    words = fix.split()
+    changes: dict = {}
+    while words:
+        flag = words.pop(0).removeprefix("--").replace("-", "_")
+        changes[flag] = int(words.pop(0)) if flag == "sp" else True
+    assert fit.before_launch(_plan(replace(opts, **changes)), speak=False).startswith("planned peak")

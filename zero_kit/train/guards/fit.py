@@ -175,9 +175,31 @@ def candidates(view, opts: TrainOptions, on_gpu: bool) -> list[Shape]:
                 )
                 found.append(Shape(flags, dataclasses.replace(view, workload=shaped, strategy=strategy, offload=offload),
                                    view.ranks_per_node))  # fmt: skip
+    found += _long_sequence_candidates(view, checkpointing)
     if not on_gpu and opts.nproc and view.ranks_per_node > 1:
         for ranks in range(view.ranks_per_node - 1, 0, -1):
             found.append(Shape((f"--nproc {ranks}",), dataclasses.replace(view, ranks_per_node=ranks), ranks))
+    return found
+
+
+def _long_sequence_candidates(view, checkpointing: list[bool]) -> list[Shape]:
+    """For what a sequence's length costs: --tiled-compute (one more MLP and head forward), then --sp over more of a
+    node's ranks (an all-to-all per attention layer; heads that Ulysses can split), each alone and with tiling,
+    each also with activation checkpointing."""
+    work, shape = view.workload, view.workload.shape
+    changes = [] if work.tiled else [(("--tiled-compute",), {"tiled": True})]
+    for sp in range(work.sp + 1, view.ranks_per_node + 1):
+        kv_fits = shape.kv_heads % sp == 0 or sp % shape.kv_heads == 0
+        if view.ranks_per_node % sp == 0 and shape.heads % sp == 0 and kv_fits and work.seq_len % sp == 0:
+            changes.append(((f"--sp {sp}",), {"sp": sp}))
+            if not work.tiled:
+                changes.append(((f"--sp {sp}", "--tiled-compute"), {"sp": sp, "tiled": True}))
+    found = []
+    for flags, change in changes:
+        for ac in checkpointing:
+            shaped = dataclasses.replace(work, activation_checkpointing=work.activation_checkpointing or ac, **change)
+            flags_ac = (*flags, *(("--activation-checkpointing",) if ac else ()))
+            found.append(Shape(flags_ac, dataclasses.replace(view, workload=shaped), view.ranks_per_node))
     return found
 
 
