@@ -113,3 +113,16 @@ def test_each_preset_is_what_zero_kit_config_writes_for_the_same_flags(tmp_path,
         out = tmp_path / f"{name}.json"
         assert main(["config", *flags, "-o", str(out)]) == 0
         assert out.read_text() == (PRESETS_DIR / f"{name}.json").read_text(), name
+
+
+def test_the_regenerating_command_takes_help_and_writes_nothing_for_it(tmp_path, capsys):
+    """`python -m zero_kit.config.presets --help` prints its usage; it once wrote the presets into ./--help/."""
+    import pytest
+
+    from zero_kit.config import presets
+
+    with pytest.raises(SystemExit) as done:
+        presets.main(["--help"])
+    assert done.value.code == 0 and "directory" in capsys.readouterr().out
+    presets.main([str(tmp_path / "out")])
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(f"{name}.json" for name in PRESETS)

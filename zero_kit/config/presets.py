@@ -9,7 +9,6 @@ size; the `hf_` presets leave to the Hugging Face Trainer every value it fills (
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from zero_kit.config.builder import build_ds_config, dumps
@@ -58,7 +57,15 @@ def write_presets(directory: Path) -> list[Path]:
     return written
 
 
-if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else PRESETS_DIR
-    for path in write_presets(target):
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m zero_kit.config.presets", description=__doc__.splitlines()[0])
+    parser.add_argument("directory", nargs="?", type=Path, default=PRESETS_DIR,
+                        help=f"where the presets go (default: the repository's {PRESETS_DIR.name}/)")  # fmt: skip
+    for path in write_presets(parser.parse_args(argv).directory):
         say(path)
+
+
+if __name__ == "__main__":
+    main()
