@@ -6,11 +6,17 @@ ZeRO-3 with CPU offload; and `accelerate test` on that YAML, which cannot pass o
 
 Each run: exit 0, two ranks that each read their half of the data, a falling loss, and saved weights with no
 empty tensor that transformers loads without DeepSpeed. On CPU the scripts get `--use_cpu` (TrainingArguments):
-without it accelerate finds no device backend and every rank acts as rank 0 of a world of one."""
+without it accelerate finds no device backend and every rank acts as rank 0 of a world of one.
+
+With `zero-kit config --sp 2` (issue 48) the YAML also carries accelerate's `parallelism_config` (Ulysses): accelerate's
+own ALST test script and `trl sft` run on it, the two ranks one sequence-parallel group: a falling loss, and (from
+sp_shard_probe, in every rank) each rank holding its half of every sequence."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -34,6 +40,11 @@ CONFIGS = {
     "zero3_offload": ["--stage", "3", "--offload-optimizer", "cpu", "--offload-param", "cpu"],
 }
 PORTS = {"zero2": 29664, "zero3": 29665, "zero3_offload": 29666}  # this module's own; 29667: accelerate test
+SP_PORTS = {"alst": 29668, "trl_sft": 29669}
+SP = 2
+SP_FLAGS = ["--sp", str(SP), "--device", "cpu"]
+SP_SHARD_PROBE = Path(__file__).with_name("sp_shard_probe")  # ZERO_KIT_PROBE_SP_SHARDS: see its sitecustomize.py
+ALST_SCRIPT = "accelerate.test_utils.scripts.external_deps.test_ds_alst_ulysses_sp"
 WORLD, MICRO, STEPS = 2, 2, 4
 TRAINING_ARGS = [
     "--use_cpu",  # TrainingArguments: gloo for two CPU processes, DeepSpeed still on (see the module docstring)
@@ -51,23 +62,32 @@ def model_dir(tmp_path_factory) -> Path:
     return tiny_model_dir(tmp_path_factory.mktemp("tiny_llama"))
 
 
-def generate(tmp_path: Path, name: str) -> Path:
-    """`zero-kit config` for a two-rank accelerate run, as a user makes one: the JSON and the YAML naming it."""
+def generate(tmp_path: Path, name: str, *extra: str, micro: int = MICRO) -> Path:
+    """`zero-kit config` for a two-rank accelerate run, as a user makes one: the JSON and the YAML naming it.
+    `extra`: more of its flags (SP_FLAGS)."""
     cfg, yaml = tmp_path / f"{name}.json", tmp_path / f"{name}.yaml"
-    batch = ["--world-size", str(WORLD), "--micro-batch", str(MICRO), "--grad-accum", "1"]
-    run(zero_kit("config", *CONFIGS[name], "--hf-auto", *batch, "-o", str(cfg), "--accelerate-yaml", str(yaml)))
+    batch = ["--world-size", str(WORLD), "--micro-batch", str(micro), "--grad-accum", "1"]
+    run(zero_kit("config", *CONFIGS[name], *extra, "--hf-auto", *batch, "-o", str(cfg), "--accelerate-yaml", str(yaml)))
     return yaml
 
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_trl_sft(tmp_path, model_dir, name):
+    text = trl_sft(tmp_path, model_dir, generate(tmp_path, name), PORTS[name])
+    assert_trl_trained(text, tmp_path / "out", model_dir, rows_per_step=MICRO * WORLD)
+
+
+def trl_sft(tmp_path: Path, model_dir: Path, yaml: Path, port: int, *job_extra: str, shards: Path | None = None) -> str:
+    """`trl sft` on the shipped chat rows with `yaml`, saving to tmp_path/out: its stdout and stderr. `job_extra`: more
+    of its options; `shards`: a folder for sp_shard_probe's records, which turns the probe on in every rank."""
     data, out = tmp_path / "data", tmp_path / "out"
     data.mkdir()
     shutil.copy(ASSETS / "chat.jsonl", data / "train.jsonl")  # TRL reads the conversational format as it is
-    launch = ["--accelerate_config", str(generate(tmp_path, name)), "--main_process_port", str(PORTS[name])]
-    job = ["--model_name_or_path", str(model_dir), "--dataset_name", str(data), "--max_length", "64"]
+    launch = ["--accelerate_config", str(yaml), "--main_process_port", str(port)]
+    job = ["--model_name_or_path", str(model_dir), "--dataset_name", str(data), "--max_length", "64", *job_extra]
     cmd = [str(VENV_BIN / "trl"), "sft", *launch, *job, "--output_dir", str(out), *TRAINING_ARGS]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env())
+    run_env = env(SP_SHARD_PROBE, ZERO_KIT_PROBE_SP_SHARDS=str(shards)) if shards else env()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=run_env)
     text = proc.stdout + proc.stderr
     if proc.returncode != 0:
         # torch's gloo abort at interpreter exit (docs/own_script.md, "exited 250"): `trl sft` never destroys its
@@ -75,12 +95,18 @@ def test_trl_sft(tmp_path, model_dir, name):
         # if the save is whole (assert_saved below): anything else, or a save cut short, fails here.
         assert TORCH_EXIT_ABORT in text and "SIGABRT" in text and "Model saved" in text, text[-4000:]
         print(f"trl sft exited {proc.returncode}: torch's gloo abort at exit after the save (known, documented)")
+    return text
+
+
+def assert_trl_trained(text: str, out: Path, model_dir: Path, rows_per_step: int) -> None:
+    """One main process, STEPS falling losses, `rows_per_step` rows read per step over all ranks (the epoch), and a
+    whole save."""
     assert text.count("Training completed") == 1, "one main process"  # each rank prints it when both think so
     losses = [float(v) for v in re.findall(LOG_VALUE.format("loss"), text)]
     epochs = [float(v) for v in re.findall(LOG_VALUE.format("epoch"), text)]
     assert len(losses) == STEPS and losses[-1] < losses[0], losses
-    # The sampler split the rows over two ranks: STEPS x MICRO x WORLD rows read (a world of one reads half).
-    assert round(epochs[-1] * rows(ASSETS / "chat.jsonl")) == STEPS * MICRO * WORLD, epochs
+    # The sampler split the rows over the data-parallel ranks (a world of one would read half as many).
+    assert round(epochs[-1] * rows(ASSETS / "chat.jsonl")) == STEPS * rows_per_step, epochs
     assert_saved(out, model_dir)
 
 
@@ -124,3 +150,76 @@ def test_accelerate_test_cannot_run_deepspeed_on_a_cpu_only_host(tmp_path):
     assert proc.returncode != 0, text[-3000:]
     assert text.count("Distributed environment: DistributedType.DEEPSPEED") == WORLD, text[-3000:]
     assert text.count("Num processes: 1\n") == WORLD and "Num processes: 2" not in text, text[-3000:]
+
+
+def test_accelerate_alst_script_on_sp2_config(tmp_path, model_dir):
+    """accelerate's own ALST/Ulysses test script, from the installed package and unchanged, under `accelerate launch
+    --config_file` the ZeRO-3 YAML of `zero-kit config --sp 2 --device cpu`.
+
+    The script names its model in a constant (`model_name`, a Hub id) and builds its own ParallelismConfig (sp 2, sdpa),
+    so the YAML's parallelism keys reach its ranks but its own settings win; the JSON (sequence_parallel_size 2, the
+    batch keys) is the one DeepSpeed runs. The Hub id is made a directory under the run's working directory that links
+    to the tiny model: from_pretrained takes a local directory of that name first, and nothing is copied or patched.
+    On a CPU-only host its bare `Accelerator()` counts a world of one (see the `accelerate test` test above), so it
+    gives every rank all of the script's rows; the adapter gathers both ranks' copies and each row trains twice, at
+    half its length on each rank: what the probe checks."""
+    script = Path(importlib.util.find_spec(ALST_SCRIPT).origin)
+    source = script.read_text()
+    hub_id_dir = tmp_path / script_constant(source, "model_name")  # e.g. hf-internal-testing/tiny-random-Llama...
+    hub_id_dir.parent.mkdir(parents=True)
+    hub_id_dir.symlink_to(model_dir, target_is_directory=True)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    yaml = generate(tmp_path, "zero3", *SP_FLAGS, micro=1)  # the script's micro_batch_size
+    launch = [str(VENV_BIN / "accelerate"), "launch", "--config_file", str(yaml), "--main_process_port"]
+    probe = {"site": SP_SHARD_PROBE, "extra_env": {"ZERO_KIT_PROBE_SP_SHARDS": str(shards)}}
+    proc = run([*launch, str(SP_PORTS["alst"]), str(script)], cwd=tmp_path, **probe)
+    text = proc.stdout + proc.stderr
+    losses = [float(v) for v in re.findall(r"^\d+: loss=tensor\(([^,)]+)", text, re.M)]  # rank 0 prints them
+    rows_each = int(re.search(r"DL orig: (\d+) samples", text)[1])
+    assert f"DL w/ adapter: {rows_each * SP} samples" in text, text[-3000:]  # the adapter spread over 2 ranks
+    assert len(losses) == rows_each * SP and all(map(math.isfinite, losses)) and losses[-1] < losses[0], losses
+    seqlen = int(script_constant(source, "seqlen"))
+    assert set(re.findall(r"batch \d+: seqlen: (\d+)", text)) == {str(seqlen // SP)}, text[-3000:]
+    assert assert_sequence_halves(shards, seqlen) == len(losses)
+
+
+def test_trl_sft_on_sp2_config(tmp_path, model_dir):
+    """`trl sft` (TRL's Trainer) with the ZeRO-3 YAML of `zero-kit config --sp 2 --device cpu`: the Trainer takes the
+    YAML's parallelism_config, and the two ranks form one sequence-parallel group that trains each row together.
+
+    The shipped chat rows differ in length, and DeepSpeed's SP data adapter all-gathers the group's batches, which
+    gloo does only at one size (unpadded: `ProcessGroupGloo::allgather: invalid tensor size`, issue 48). TRL's own
+    options pad every batch to one length: `--max_length 64` truncates, `--pad_to_multiple_of 64` pads the rest."""
+    yaml = generate(tmp_path, "zero3", *SP_FLAGS)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    padding = ["--pad_to_multiple_of", "64"]  # = --max_length (trl_sft)
+    text = trl_sft(tmp_path, model_dir, yaml, SP_PORTS["trl_sft"], *padding, shards=shards)
+    # The group's two ranks share each row: one data-parallel replica reads MICRO rows a step.
+    assert_trl_trained(text, tmp_path / "out", model_dir, rows_per_step=MICRO * WORLD // SP)
+    assert assert_sequence_halves(shards, 64) == STEPS
+
+
+def script_constant(source: str, name: str) -> str:
+    """The value of a module-level `name = "..."` or `name = 123` in a script's source."""
+    found = re.search(rf'^{name} = "?([^"\n]+)"?$', source, re.M)
+    assert found, f"the script no longer sets {name} at module level: update this test"
+    return found[1]
+
+
+def assert_sequence_halves(shards: Path, length: int) -> int:
+    """The SP shard probe's records: at every step each rank held half of one sequence of `length` tokens, rank 0 the
+    first and rank 1 the second (their position_ids joined run on one by one, then the collator's padding at 0), and
+    some sequence had tokens on both ranks. Returns the steps recorded."""
+    records = [(shards / f"rank{rank}.jsonl").read_text().splitlines() for rank in (0, 1)]
+    first, second = ([json.loads(line) for line in lines] for lines in records)
+    assert len(first) == len(second) > 0, (first, second)
+    spans = []
+    for head, tail in zip(first, second, strict=True):
+        whole = head + tail
+        span = next((i for i in range(1, length) if whole[i] != whole[i - 1] + 1), length)
+        assert len(head) == len(tail) == length // 2 and not any(whole[span:]), (head, tail)
+        spans.append(span)
+    assert max(spans) > length // 2, spans
+    return len(first)
