@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobs import FAST, env, zero_kit
+from tests.support.jobs import FAST, env, pythonpath_with, zero_kit
 from zero_kit.checkpoints import store
-from zero_kit.train.guards.preflight import HOST_MEM_ENV
+from zero_kit.train.guards.preflight import EXIT_DISK_FULL, HOST_MEM_ENV
 
 pytestmark = [pytest.mark.dist, pytest.mark.serial]  # a full disk and its timing: never beside another test
 
@@ -60,16 +60,47 @@ def test_read_only_output_and_missing_nvme_in_one_message_before_any_heavy_impor
     assert "accelerate" not in err and "Warning" not in err
 
 
+FILL_SITE = '''"""The disk fills up while a checkpoint is saved: when the run creates ZK_FILL_AT (a checkpoint directory), a file
+takes every byte of ZK_FILL_DIR's filesystem but 1 MiB (what another job's files would do), so the save's own
+writes meet the real ENOSPC of that filesystem."""
+import os
+
+_makedirs = os.makedirs
+
+
+def makedirs(name, *args, **kwargs):
+    _makedirs(name, *args, **kwargs)
+    if os.path.basename(os.path.normpath(str(name))) == os.environ.get("ZK_FILL_AT"):
+        fd = os.open(os.path.join(os.environ["ZK_FILL_DIR"], "filler"), os.O_CREAT | os.O_WRONLY)
+        written, block = 0, bytes(2**20)
+        try:
+            while True:
+                written += os.write(fd, block)
+        except OSError:  # ENOSPC: the filesystem is full; give 1 MiB back
+            os.ftruncate(fd, max(0, written - 2**20))
+        os.close(fd)
+
+
+os.makedirs = makedirs
+'''
+
+
 def test_disk_full_during_a_save_is_a_message_and_resume_skips_the_partial_checkpoint(tmp_path):
-    # 60 MB: the preflight's one-checkpoint estimate (~47 MB for the tiny model, fp32) fits, two do not.
-    with tmpfs(tmp_path / "small", 60) as small:
+    # 200 MB: the preflight's check (the checkpoints --save-total-limit keeps at once, ~47 MB each for the tiny model
+    # in fp32) passes; the disk then fills up when checkpoint-2 is begun.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(FILL_SITE)
+    with tmpfs(tmp_path / "small", 200) as small:
         out = small / "run"
-        proc = _train("--output", str(out), "--stage", "2", "--max-steps", "3", "--save-steps", "1")
+        proc = _train("--output", str(out), "--stage", "2", "--max-steps", "3", "--save-steps", "1",
+                      PYTHONPATH=pythonpath_with(site), ZK_FILL_AT="checkpoint-2", ZK_FILL_DIR=str(small))  # fmt: skip
         complete = store.newest_complete(out)
         partial = [p.name for p in store.list_checkpoints(out) if not store.is_complete(p)]
-    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.returncode == EXIT_DISK_FULL, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    assert f"--output {out}: writing a checkpoint failed, the disk is full" in proc.stderr
-    assert "--resume auto" in proc.stderr
+    assert f"--output {out}: the disk is full (" in proc.stderr and "while writing checkpoint-2" in proc.stderr
+    assert "checkpoint-1 is complete and intact" in proc.stderr
+    assert "--resume auto continues from checkpoint-1" in proc.stderr
     assert complete is not None and complete.name == "checkpoint-1"
     assert partial == ["checkpoint-2"]
