@@ -32,6 +32,20 @@ GIB = 2**30
 ROWS = 4
 
 
+def append_record(path: Path | None, record: dict) -> None:
+    """One JSON line of a run's figures with the versions, the hardware and the date (nothing without `path`)."""
+    if path is None:
+        return
+    import torch
+    import transformers
+
+    stamp = {"shape": SHAPE, "torch": torch.__version__, "transformers": transformers.__version__,
+             "cpu": platform.processor() or platform.machine(), "cores": psutil.cpu_count(),
+             "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+    with path.open("a") as out:
+        out.write(json.dumps({**record, **stamp}) + "\n")
+
+
 def data_file(work: Path, length: int) -> Path:
     """ROWS text rows of about 0.95 x `length` tokens each, cut from the bundled data's texts."""
     target = work / f"rows{length}.jsonl"
@@ -75,17 +89,21 @@ def measured(model: Path, data: Path, length: int, sp: int, out: Path) -> tuple[
     return sorted(peaks.values(), reverse=True)[: max(sp, 1)], time.monotonic() - started
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--short", type=int, default=256)
-    parser.add_argument("--long", type=int, default=8192)
+def study_arguments(doc: str, each: str, **numbers: int) -> argparse.Namespace:
+    """The study's flags: `numbers` (name -> default), --work (models, data and runs, kept between runs) and --out
+    (append one JSON line per `each`); the work folder made."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    for name, default in numbers.items():
+        parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--work", type=Path, default=Path("/tmp/zk_long_sequences"))
-    parser.add_argument("--out", type=Path, default=None, help="append one JSON line per configuration")
+    parser.add_argument("--out", type=Path, default=None, help=f"append one JSON line per {each}")
     args = parser.parse_args()
-    import torch
-    import transformers
-
     args.work.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def main() -> None:
+    args = study_arguments(__doc__, "configuration", short=256, long=8192)
     model = model_dir(args.work, SHAPE)
     deltas = {}
     print("| sp | ranks | peak RSS per rank at short, GiB | at long, GiB | long - short, GiB | wall s (long) |")
@@ -96,14 +114,9 @@ def main() -> None:
         deltas[sp] = max(b - a for a, b in zip(short, long, strict=True))
         print(f"| {sp} | {sp} | {max(short) / GIB:.2f} | {max(long) / GIB:.2f} | {deltas[sp] / GIB:.2f} | {wall:.0f} |",
               flush=True)  # fmt: skip
-        if args.out:
-            record = {"sp": sp, "short": args.short, "long": args.long, "peak_rss_short": short, "peak_rss_long": long,
-                      "delta": deltas[sp], "wall_s_long": round(wall, 1), "shape": SHAPE, "stage": 3,
-                      "torch": torch.__version__, "transformers": transformers.__version__,
-                      "cpu": platform.processor() or platform.machine(), "cores": psutil.cpu_count(),
-                      "date": time.strftime("%Y-%m-%d")}  # fmt: skip
-            with args.out.open("a") as out:
-                out.write(json.dumps(record) + "\n")
+        append_record(args.out, {"sp": sp, "short": args.short, "long": args.long, "peak_rss_short": short,
+                                 "peak_rss_long": long, "delta": deltas[sp], "wall_s_long": round(wall, 1),
+                                 "stage": 3})  # fmt: skip
     print(f"\nsp=2 / sp=1 memory for the sequence, per rank: {deltas[2] / deltas[1]:.2f} (issue 48 asks <= 0.6)")
 
 

@@ -10,18 +10,13 @@ first gathers). dp=2 trains two rows per step (one per rank); sp=2 one row per s
 
 from __future__ import annotations
 
-import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import psutil
-
-from benchmarks.long_sequences.memory import SHAPE, data_file
+from benchmarks.long_sequences.memory import SHAPE, append_record, data_file, study_arguments
 from benchmarks.plan_rss.run import model_dir
 
 
@@ -39,17 +34,7 @@ def tokens_per_s(model: Path, data: Path, length: int, sp: int, steps: int, out:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--length", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/zk_long_sequences"))
-    parser.add_argument("--out", type=Path, default=None, help="append one JSON line per round")
-    args = parser.parse_args()
-    import torch
-    import transformers
-
-    args.work.mkdir(parents=True, exist_ok=True)
+    args = study_arguments(__doc__, "round", length=4096, steps=8, rounds=3)
     model, data = model_dir(args.work, SHAPE), data_file(args.work, args.length)
     ratios = []
     print("| round | dp=2 tokens/s | sp=2 tokens/s | sp / dp |\n|---|---|---|---|")
@@ -58,14 +43,9 @@ def main() -> None:
         got = {sp: tokens_per_s(model, data, args.length, sp, args.steps, args.work / f"speed_sp{sp}") for sp in order}
         ratios.append(got[2] / got[1])
         print(f"| {round_ + 1} | {got[1]:.0f} | {got[2]:.0f} | {ratios[-1]:.2f} |", flush=True)
-        if args.out:
-            record = {"round": round_ + 1, "length": args.length, "order": order, "dp2_tokens_per_s": got[1],
-                      "sp2_tokens_per_s": got[2], "ratio": ratios[-1], "shape": SHAPE, "stage": 2,
-                      "torch": torch.__version__, "transformers": transformers.__version__,
-                      "cpu": platform.processor() or platform.machine(), "cores": psutil.cpu_count(),
-                      "date": time.strftime("%Y-%m-%d")}  # fmt: skip
-            with args.out.open("a") as out:
-                out.write(json.dumps(record) + "\n")
+        append_record(args.out, {"round": round_ + 1, "length": args.length, "order": order,
+                                 "dp2_tokens_per_s": got[1], "sp2_tokens_per_s": got[2], "ratio": ratios[-1],
+                                 "stage": 2})  # fmt: skip
     print(f"\nsp=2 / dp=2 tokens/s, median of {args.rounds}: {statistics.median(ratios):.2f} (issue 48 asks >= 0.8)")
 
 
