@@ -76,7 +76,6 @@ def training_arguments(
     from transformers import TrainingArguments
 
     from zero_kit.launch.ops import use_extensions_dir
-    from zero_kit.train.plan import dp_size_of
     from zero_kit.train.rank import init_deepspeed_comm, sequence_parallel_arguments
 
     choice = _precision_choice(precision, training_kwargs)
@@ -85,7 +84,7 @@ def training_arguments(
     check_options(opts)
     raise_all(_input_problems(precision, training_kwargs), "in training_arguments()")
     machine = _machine()  # under srun, SLURM's variables translated; without a launcher, a world of one
-    dp_size_of(int(os.environ.get("WORLD_SIZE", "1")), sp)  # --sp against the launcher's world, before a rendezvous
+    _check_sp(sp)
     raise_all(_machine_problems(training_kwargs, machine.on_gpu), "in training_arguments()")
     device = "cuda" if machine.on_gpu else "cpu"
     config = trainer_ds_config(opts, torch_adam=not machine.on_gpu, device=device)
@@ -105,6 +104,17 @@ def training_arguments(
     )
     init_deepspeed_comm(machine.backend, args.ddp_timeout)
     return args
+
+
+def _check_sp(sp: int) -> None:
+    """sp= against the launcher's world (before a rendezvous) and the installed libraries."""
+    from zero_kit.train.plan import dp_size_of
+
+    dp_size_of(int(os.environ.get("WORLD_SIZE", "1")), sp)
+    if sp > 1:
+        from zero_kit.train.long_sequences import check_sp_support
+
+        check_sp_support("sp=")
 
 
 def _precision_choice(precision: str, training_kwargs: dict[str, Any]) -> str:

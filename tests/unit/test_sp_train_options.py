@@ -135,3 +135,25 @@ def test_longest_is_the_last_length_that_fits_and_names_what_limits_it():
             assert longest.limit_terms
         assert not evaluate(info, replace(work, seq_len=longest.seq_len + 8), hardware).fits
     assert found["zero3"].seq_len > 32768 * 2 and found["ddp"].seq_len == 0
+
+
+def test_sp_on_libraries_without_sequence_parallelism_is_refused_naming_them():
+    """The oldest supported set (accelerate 1.11, transformers 4.57: CI's compatibility job) has no Ulysses in the
+    Trainer: --sp is refused before any launch, naming the installed versions; the newest set runs it."""
+    import importlib.metadata as metadata
+
+    from zero_kit.train.guards.inputs import check_inputs
+    from zero_kit.train.long_sequences import check_sp_support
+
+    try:
+        from accelerate.utils import DeepSpeedSequenceParallelConfig  # noqa: F401
+
+        supported = True
+    except ImportError:
+        supported = False
+    if supported:
+        check_sp_support()
+        return
+    with pytest.raises(UserError) as err:
+        check_inputs(TrainOptions(sp=2, nproc=2), output=False)
+    assert f"accelerate {metadata.version('accelerate')}" in str(err.value) and "--sp" in str(err.value)

@@ -120,21 +120,3 @@ def test_on_a_host_without_cuda_bf16_and_use_cpu_false_are_refused(monkeypatch):
     with pytest.raises(UserError, match="use_cpu=False does not fit a host without CUDA"):
         training_arguments("out", stage=2, use_cpu=False)
     assert dict(os.environ) == before
-
-
-def test_sp_is_zero_kit_trains_and_a_world_it_does_not_divide_is_refused(monkeypatch):
-    from accelerate.parallelism_config import ParallelismConfig
-
-    from zero_kit.hf import training_arguments
-    from zero_kit.train.rank import sequence_parallel_arguments
-
-    for name, value in {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0"}.items():
-        monkeypatch.setenv(name, value)  # a launcher's third of three ranks: nothing is brought up for the error
-    with pytest.raises(UserError, match=r"--sp 2 does not divide the world size 3 \(the job's ranks\)"):
-        training_arguments("out", stage=3, sp=2)
-    with pytest.raises(UserError, match="--sp must be"):
-        training_arguments("out", stage=3, sp=0)
-    config = sequence_parallel_arguments(2)["parallelism_config"]  # what training_arguments passes the Trainer
-    assert isinstance(config, ParallelismConfig) and (config.sp_backend, config.sp_size) == ("deepspeed", 2)
-    assert config.sp_handler.sp_seq_length_is_variable and config.sp_handler.sp_attn_implementation == "sdpa"
-    assert sequence_parallel_arguments(1) == {}

@@ -136,8 +136,15 @@ def _whole_number(value: Any) -> int | None:
 def attention_problems(value: Any, path: str) -> list[Problem]:
     """An attention implementation for Ulysses, judged by accelerate's own DeepSpeedSequenceParallelConfig (the class
     every rank builds from the launcher's PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION, `str(value)`)."""
-    from accelerate.utils import DeepSpeedSequenceParallelConfig
+    try:
+        from accelerate.utils import DeepSpeedSequenceParallelConfig
+    except ImportError:  # accelerate before its sequence parallelism (the oldest supported set: 1.11)
+        import importlib.metadata as metadata
 
+        message = (
+            f"accelerate {metadata.version('accelerate')} has no sequence parallelism (DeepSpeedSequenceParallelConfig)"
+        )
+        return [Problem("error", path, value, message, "install a newer accelerate (constraints/newest.txt)")]
     try:
         DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True, sp_attn_implementation=str(value))
     except ValueError as err:

@@ -34,6 +34,7 @@ def check_inputs(opts: TrainOptions, *, output: bool = True) -> None:
         _check_val_size,
         _check_trackers,
         _check_method,
+        _check_sp,
         _check_model,
         _check_max_length,
         _check_output,
@@ -166,6 +167,14 @@ def _check_method(opts: TrainOptions) -> None:
     from zero_kit.train.preference import check_trl
 
     check_trl(opts)
+
+
+def _check_sp(opts: TrainOptions) -> None:
+    """--sp N: the installed accelerate and transformers can run it (zero_kit.train.long_sequences)."""
+    if opts.sp > 1:
+        from zero_kit.train.long_sequences import check_sp_support
+
+        check_sp_support()
 
 
 def _check_model(opts: TrainOptions) -> None:
