@@ -33,13 +33,19 @@ def _loss_and_grads(model, ids, labels, scale=1.0, **extra):
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.25])
-def test_tiled_mlp_and_loss_give_the_models_loss_and_gradients(scale):
+def test_tiled_mlp_and_loss_give_the_models_loss_and_gradients(scale, monkeypatch):
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
+
+    calls = []
+    apply = TiledMLP.apply
+    monkeypatch.setattr(TiledMLP, "apply", lambda *args: calls.append(args[3]) or apply(*args))
     plain = load_model(None, seed=0)
     tiled = copy.deepcopy(plain)
     assert tile(tiled) == plain.config.num_hidden_layers
     ids, labels = _batch()
     want_loss, want = _loss_and_grads(plain, ids, labels, scale)
     got_loss, got = _loss_and_grads(tiled, ids, labels, scale)
+    assert calls == [3] * plain.config.num_hidden_layers  # every MLP in ceil(512 / 192) slices
     assert torch.allclose(got_loss, want_loss, rtol=1e-6, atol=1e-6), (got_loss, want_loss)
     assert got.keys() == want.keys() and want
     for name, grad in want.items():

@@ -158,7 +158,7 @@ def collate(features: list[dict], pad_id: int, pad_to_multiple_of: int | None = 
     """
     import torch
 
-    longest = max(len(feature["input_ids"]) for feature in [*features, {"input_ids": range(length or 0)}])
+    longest = max(length or 0, *(len(feature["input_ids"]) for feature in features))
     if pad_to_multiple_of:
         longest = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
     pads = {"input_ids": pad_id, "labels": IGNORE_INDEX, "attention_mask": 0, "position_ids": 0}

@@ -69,11 +69,17 @@ def _heads(context: LintContext, sp: int) -> list[Problem]:
     return problems
 
 
+def heads_split(heads: int, kv: int, sp: int) -> bool:
+    """Ulysses can split these heads over `sp` ranks: the attention heads divide evenly and the key-value heads either
+    divide evenly or divide `sp` (then they are replicated)."""
+    return heads % sp == 0 and (kv % sp == 0 or sp % kv == 0)
+
+
 def _fitting(heads: int, kv: int, sp: int, world: int | None) -> int:
     """The largest size up to `sp` that Ulysses accepts for these heads and that divides the world size (where known);
     1: none but no sequence parallelism."""
     return max(d for d in range(1, sp + 1)
-               if heads % d == 0 and (kv % d == 0 or d % kv == 0) and (world is None or world % d == 0))  # fmt: skip
+               if heads_split(heads, kv, d) and (world is None or world % d == 0))  # fmt: skip
 
 
 def _nodes(context: LintContext, sp: int) -> list[Problem]:

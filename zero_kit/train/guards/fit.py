@@ -186,11 +186,13 @@ def _long_sequence_candidates(view, checkpointing: list[bool]) -> list[Shape]:
     """For what a sequence's length costs: --tiled-compute (one more MLP and head forward), then --sp over more of a
     node's ranks (an all-to-all per attention layer; heads that Ulysses can split), each alone and with tiling,
     each also with activation checkpointing."""
+    from zero_kit.lint.rules_ulysses import heads_split
+
     work, shape = view.workload, view.workload.shape
     changes = [] if work.tiled else [(("--tiled-compute",), {"tiled": True})]
     for sp in range(work.sp + 1, view.ranks_per_node + 1):
-        kv_fits = shape.kv_heads % sp == 0 or sp % shape.kv_heads == 0
-        if view.ranks_per_node % sp == 0 and shape.heads % sp == 0 and kv_fits and work.seq_len % sp == 0:
+        fits = view.ranks_per_node % sp == 0 and work.seq_len % sp == 0
+        if fits and heads_split(shape.heads, shape.kv_heads, sp):
             changes.append(((f"--sp {sp}",), {"sp": sp}))
             if not work.tiled:
                 changes.append(((f"--sp {sp}", "--tiled-compute"), {"sp": sp, "tiled": True}))

@@ -44,24 +44,35 @@ def agreed_slices(wanted: int) -> int:
 
 
 def tile_mlp(model) -> int:
-    """Every `*.mlp` module's forward through TiledMLP (the module's own forward on each slice)."""
-    hidden = _config(model).hidden_size
+    """Every `*.mlp` module's forward through TiledMLP (the module's own forward on each slice). The slice count is
+    agreed once per forward of the model (a pre-hook: one scalar all-reduce, not one per layer, each of which would
+    also wait for the GPU), from the length of the sequence every layer sees."""
+    base = _causal_lm(model)
+    hidden = base.config.hidden_size
+    agreed = {"slices": 1}
+
+    def agree(_module, args, kwargs) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        tokens = ids if ids is not None else kwargs["inputs_embeds"]
+        agreed["slices"] = agreed_slices(math.ceil(tokens.shape[1] / hidden))
+
     count = 0
     for name, module in model.named_modules():
         if name.split(".")[-1] == "mlp" and "forward" not in vars(module):
-            module.forward = _tiled_mlp_forward(module, type(module).forward, hidden)
+            module.forward = _tiled_mlp_forward(module, type(module).forward, agreed)
             count += 1
+    if count:
+        base.register_forward_pre_hook(agree, with_kwargs=True)
     return count
 
 
-def _tiled_mlp_forward(module, forward, hidden: int):
+def _tiled_mlp_forward(module, forward, agreed: dict):
     def tiled(x):
         from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
 
-        slices = agreed_slices(math.ceil(x.shape[-2] / hidden))
-        if slices <= 1:
+        if agreed["slices"] <= 1:
             return forward(module, x)
-        return TiledMLP.apply(forward, module, x, slices, list(module.parameters()))
+        return TiledMLP.apply(forward, module, x, agreed["slices"], list(module.parameters()))
 
     return tiled
 
@@ -133,7 +144,3 @@ def _causal_lm(model):
     """The HF causal LM itself (a peft model wraps it as base_model.model)."""
     inner = getattr(getattr(model, "base_model", None), "model", None)
     return inner if inner is not None and hasattr(inner, "get_output_embeddings") and inner is not model else model
-
-
-def _config(model):
-    return _causal_lm(model).config
