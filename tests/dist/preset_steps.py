@@ -1,7 +1,9 @@
-"""One rank of a real DeepSpeed run of a preset: a tiny LLaMA, a few optimizer steps, results as JSON.
+"""One rank of real DeepSpeed runs of presets, one after another in the same ranks: for each, a fresh tiny LLaMA
+(inside zero.Init at ZeRO-3), its own engine, a few optimizer steps, results as JSON (R.json.<preset>.rank<r>).
 
 Launched by tests/dist/test_presets_run.py as
-    deepspeed --num_gpus 2 --master_port PORT tests/dist/preset_steps.py --config ds_configs/zero3.json --steps 3 --out R.json
+    deepspeed --num_gpus 2 --master_port PORT tests/dist/preset_steps.py --config ds_configs/zero1.json \
+        --config ds_configs/zero3.json --steps 3 --out R.json
 """
 
 from __future__ import annotations
@@ -9,25 +11,33 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 import deepspeed
 import torch
 
-from zero_kit.model import tiny_llama_config
 from zero_kit.dist import end_process_group, exit_rank
+from zero_kit.model import tiny_llama_config
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--config", required=True)
+    parser.add_argument("--config", required=True, action="append", help="a preset's JSON; repeat for several")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", required=True)
     parser.add_argument("--local_rank", type=int, default=0)  # appended by the deepspeed launcher
     args = parser.parse_args()
 
     deepspeed.init_distributed(dist_backend="gloo")
-    with open(args.config, encoding="utf-8") as f:
-        config = json.load(f)
+    for path in args.config:
+        result = _steps(path, args.steps)
+        with open(f"{args.out}.{Path(path).stem}.rank{result['rank']}", "w", encoding="utf-8") as f:
+            json.dump(result, f)
+    end_process_group(finished=True)
+
+
+def _steps(path: str, steps: int) -> dict:
+    config = json.loads(Path(path).read_text(encoding="utf-8"))
     torch.manual_seed(0)
     from transformers import LlamaForCausalLM
 
@@ -38,7 +48,7 @@ def main() -> None:
     micro = engine.train_micro_batch_size_per_gpu()
     generator = torch.Generator().manual_seed(1234 + rank)
     losses = []
-    for _ in range(args.steps * engine.gradient_accumulation_steps()):
+    for _ in range(steps * engine.gradient_accumulation_steps()):
         tokens = torch.randint(0, 256, (micro, 32), generator=generator)
         loss = engine(input_ids=tokens, labels=tokens).loss
         engine.backward(loss)
@@ -55,9 +65,8 @@ def main() -> None:
         "losses": losses,
         "finite": all(math.isfinite(x) for x in losses),
     }
-    with open(f"{args.out}.rank{rank}", "w", encoding="utf-8") as f:
-        json.dump(result, f)
-    end_process_group(finished=True)
+    engine.destroy()  # its hooks and buffers go before the next preset's engine is built in the same ranks
+    return result
 
 
 if __name__ == "__main__":

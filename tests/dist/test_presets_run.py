@@ -26,8 +26,9 @@ def _deepspeed_launcher() -> list[str]:
 def run_launcher(cmd: list[str], timeout: int = 420) -> subprocess.CompletedProcess:
     """Run a launcher in its own process group; on timeout kill the whole group so no rank outlives the test."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -37,31 +38,39 @@ def run_launcher(cmd: list[str], timeout: int = 420) -> subprocess.CompletedProc
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 
-@pytest.mark.dist
-@pytest.mark.parametrize(
-    ("preset", "port", "optimizer"),
-    [
-        ("zero1", 29521, "DeepSpeedZeroOptimizer"),
-        ("zero2", 29522, "DeepSpeedZeroOptimizer"),
-        ("zero3", 29523, "DeepSpeedZeroOptimizer_Stage3"),
-        ("zero3_offload", 29524, "DeepSpeedZeroOptimizer_Stage3"),
-    ],
-)
-def test_preset_runs_real_steps_on_two_ranks(preset, port, optimizer, tmp_path):
-    config = ROOT / "ds_configs" / f"{preset}.json"
-    out = tmp_path / "result.json"
-    cmd = [*_deepspeed_launcher(), "--num_gpus", "2", "--master_port", str(port), str(SCRIPT),
-           "--config", str(config), "--steps", str(STEPS), "--out", str(out)]
+PRESETS = {
+    "zero1": "DeepSpeedZeroOptimizer",
+    "zero2": "DeepSpeedZeroOptimizer",
+    "zero3": "DeepSpeedZeroOptimizer_Stage3",
+    "zero3_offload": "DeepSpeedZeroOptimizer_Stage3",
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> Path:
+    """One launch for every preset: each gets its own model and engine in the same two ranks (preset_steps.py),
+    which is what a preset decides; the launch is the fixed cost of each run (issue 23), paid once."""
+    out = tmp_path_factory.mktemp("presets") / "result.json"
+    configs = [arg for name in PRESETS for arg in ("--config", str(ROOT / "ds_configs" / f"{name}.json"))]
+    cmd = [*_deepspeed_launcher(), "--num_gpus", "2", "--master_port", "29521", str(SCRIPT), *configs,
+           "--steps", str(STEPS), "--out", str(out)]  # fmt: skip
     proc = run_launcher(cmd)
     assert proc.returncode == 0, proc.stdout[-4000:]
-    results = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in (0, 1)]
+    return out
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_runs_real_steps_on_two_ranks(preset, results):
+    config = ROOT / "ds_configs" / f"{preset}.json"
+    ranks = [json.loads(Path(f"{results}.{preset}.rank{r}").read_text()) for r in (0, 1)]
     stage = json.loads(config.read_text())["zero_optimization"]["stage"]
-    for rank, result in enumerate(results):
+    for rank, result in enumerate(ranks):
         assert result["rank"] == rank and result["world_size"] == 2
         assert result["stage"] == stage
         assert result["global_steps"] == STEPS, "each micro step must be an optimizer step (grad accum 1)"
         assert result["finite"] and len(result["losses"]) == STEPS
-        assert result["optimizer"] == optimizer
+        assert result["optimizer"] == PRESETS[preset]
         assert result["dtype"] == "torch.bfloat16", "the preset asks for bf16"
     if "offload" in preset:
-        assert results[0]["inner_optimizer"] == "DeepSpeedCPUAdam", "optimizer offload must run DeepSpeed's CPU Adam"
+        assert ranks[0]["inner_optimizer"] == "DeepSpeedCPUAdam", "optimizer offload must run DeepSpeed's CPU Adam"
