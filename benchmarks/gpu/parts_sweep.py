@@ -2,8 +2,11 @@
 Each setting is a `zero-kit bench --zero-override` run of ZeRO-2/3 beside the generator's own (the throughput
 part's runs): today's HF "auto" buckets, the CPU ranks' persistence threshold of 0, gathering decoder layers as one
 (leaf_module, alone and with a layer's prefetch), DeepSpeed's default reduce bucket. Settings go in order of value
-and each starts only while the budget lasts; the dry run (CPU) goes through every one on the tiny shape, fp32, so
-the first GPU minute meets no typo."""
+and each starts only while the budget lasts. The dry run (CPU) checks every setting's override against DeepSpeed's own
+zero_optimization model (a key it does not know, or a value of the wrong type, fails there), so the first GPU minute
+meets no typo, and launches the settings of DRY_LAUNCHED on the tiny shape, fp32: between them every code path of
+the part (ZeRO-2 and ZeRO-3 beside the generated runs, a leaf module by its class name, the ratio to the generated
+run). A launch is the fixed cost of a CI minute; the others differ from those only in numbers."""
 
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ SETTINGS: list[tuple[str, list[str], str]] = [
 p25 = 25·h² (a whole decoder layer ahead), layer = the decoder layer's class. persistence_0 is the CPU ranks' rule
 (nothing kept whole, no gather after the step) on the GPU, where the generator keeps 10·h; leaf_prefetch_layer is
 the fastest ZeRO-3 measured on CPU ranks (benchmarks/comm_buckets)."""
+DRY_LAUNCHED = ("hf_auto_h2", "leaf_prefetch_layer")
+"""The settings the dry run launches; every other one is checked without a launch (check_override)."""
 RESERVE_S = 90
 """A setting starts only with this many seconds of the suite's budget left."""
 
@@ -37,6 +42,18 @@ def override(template: str, model_config: dict) -> str:
     h = model_config["hidden_size"]
     layer = model_config["architectures"][0].removesuffix("ForCausalLM") + "DecoderLayer"
     return template.format(h2=h * h, p9=int(0.9 * h * h), p25=25 * h * h, layer=layer)
+
+
+def check_override(text: str, strategy: str) -> str:
+    """`text` parsed as the bench parses --zero-override, then given to DeepSpeed's DeepSpeedZeroConfig at the
+    strategy's stage: what a launch would do with it before its first step. Raises on what DeepSpeed refuses."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    from zero_kit.bench.options import parse_zero_override
+    from zero_kit.strategies import check_name
+
+    DeepSpeedZeroConfig(stage=check_name(strategy).stage, **parse_zero_override(text))
+    return "accepted by DeepSpeedZeroConfig"
 
 
 def sweep(ctx: Context) -> tuple[str, str | None, dict]:
@@ -53,6 +70,10 @@ def sweep(ctx: Context) -> tuple[str, str | None, dict]:
             not_run.append(label)
             continue
         text = override(template, config)
+        if ctx.dry_run and label not in DRY_LAUNCHED:
+            runs += [{"setting": label, "zero_override": text, "strategy": name, "checked": check_override(text, name)}
+                     for name in strategies]  # fmt: skip
+            continue
         records = run_strategies(ctx, f"sweep_{label}", strategies, nproc=1, precision=setting["precision"],
                                  model=setting["model"], seq_len=setting["seq_len"],
                                  micro_batch=setting["micro_batch"], zero_override=text, **steps)  # fmt: skip

@@ -60,8 +60,9 @@ def render(records: list[dict]) -> str:
             lines += ["", "## sweep (--zero-override against the generator's settings, same model and batch)",
                       "| setting | strategy | tokens/s | x generated | reserved GiB |", "|---|---|---|---|---|"]  # fmt: skip
             for run in data["runs"]:
-                lines.append(f"| {run['setting']} | {run['strategy']} | "
-                             f"{'failed' if run.get('failed') else _fmt(run['tokens_per_s'], 4)} | "
+                rate = "failed" if run.get("failed") else _fmt(run.get("tokens_per_s"), 4)
+                rate = f"not launched: {run['checked']}" if run.get("checked") else rate
+                lines.append(f"| {run['setting']} | {run['strategy']} | {rate} | "
                              f"{_fmt(run.get('vs_generated_tokens_per_s'))} | {_gib(run.get('cuda_reserved'))} |")  # fmt: skip
         if r["part"] == "zeropp" and data.get("train_runs"):
             lines += ["", "## zeropp (zero-kit train --ds-config, 1 GPU)", "| run | exit | last loss | max rel loss diff"

@@ -1,6 +1,7 @@
 """The GPU suite's CPU dry mode: `python -m benchmarks.gpu.suite --dry-run --out DIR` runs every part that needs
 no CUDA with tiny shapes (real launches: torchrun DDP and deepspeed ZeRO-3; `zero-kit train` ZeRO-3 + export +
-reload + resume, ZeRO-2 and LoRA; the throughput part at the planner's micro batch and every sweep setting), and
+reload + resume, ZeRO-2 and LoRA; the throughput part at the planner's micro batch and the sweep's DRY_LAUNCHED
+settings, every other setting checked against DeepSpeed's zero_optimization model), and
 every part writes one schema-valid record: the other CUDA parts say `skipped: no CUDA`."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.gpu.common import PART_DATA_KEYS, check_record
-from benchmarks.gpu.parts_sweep import SETTINGS
+from benchmarks.gpu.parts_sweep import DRY_LAUNCHED, SETTINGS, check_override
 from benchmarks.gpu.suite import PARTS
 
 pytestmark = pytest.mark.dist
@@ -40,16 +41,15 @@ def test_dry_run_writes_one_valid_record_per_part(tmp_path):
     throughput = by["throughput"]["data"]  # the micro batch is the planner's: the tiny shape fits 8 on 80 GB
     assert throughput["micro_batch"] == 8 and all(throughput["planned_fits"]["8"].values())
     assert [(r["strategy"], r["batch"]["micro"]) for r in throughput["runs"]] == [("ddp", 8), ("zero3", 8)]
-    sweep = by["sweep"]["data"]  # every setting the GPU will run, at the throughput part's batch
+    sweep = by["sweep"]["data"]  # every setting the GPU will run: the launched ones at the throughput part's batch
     assert [(r["setting"], r["strategy"]) for r in sweep["runs"]] == [
         (label, strategy) for label, strategies, _ in SETTINGS for strategy in strategies
     ]
-    assert all(
-        r["batch"]["micro"] == 8 and r["vs_generated_tokens_per_s"] > 0
-        for r in sweep["runs"]
-        if r["strategy"] == "zero3"
-    )
-    leaf = json.loads((out / "bench" / "sweep_leaf_decoder_layer" / "results.jsonl").read_text().splitlines()[0])
+    launched = [r for r in sweep["runs"] if r["setting"] in DRY_LAUNCHED]
+    assert {r["strategy"] for r in launched} == {"zero2", "zero3"} and all(r["batch"]["micro"] == 8 for r in launched)
+    assert all(r["vs_generated_tokens_per_s"] > 0 for r in launched if r["strategy"] == "zero3")  # beside throughput's
+    assert all(r["checked"] == "accepted by DeepSpeedZeroConfig" for r in sweep["runs"] if r not in launched)
+    leaf = json.loads((out / "bench" / "sweep_leaf_prefetch_layer" / "results.jsonl").read_text().splitlines()[0])
     assert leaf["leaf_modules"] == {"LlamaDecoderLayer": 2}  # what DeepSpeed's engine applied from the override
     train = by["train"]["data"]["runs"]
     assert train["zero3_resumed"]["resumed_from"].endswith("checkpoint-2") and train["zero3_resumed"]["losses"]
@@ -71,6 +71,14 @@ def test_dry_run_writes_one_valid_record_per_part(tmp_path):
                            "--gpu-record", str(out / "suite.jsonl")], capture_output=True, text=True, timeout=120,
                           cwd=ROOT)  # fmt: skip
     assert plan.returncode == 2 and "--gpu-record" in plan.stderr and "did not measure (skipped" in plan.stderr
+
+
+def test_a_sweep_override_deepspeed_refuses_fails_its_check():
+    assert check_override("stage3_param_persistence_threshold=0", "zero3") == "accepted by DeepSpeedZeroConfig"
+    with pytest.raises(Exception, match="stage3_param_persistance_threshold"):  # misspelt: the bench's own check
+        check_override("stage3_param_persistance_threshold=0", "zero3")
+    with pytest.raises(Exception, match="reduce_bucket_size"):  # a value DeepSpeed's model refuses
+        check_override("reduce_bucket_size=[1]", "zero2")
 
 
 def test_schema_check_names_what_is_wrong():
