@@ -1,6 +1,6 @@
 """The GPU suite's CPU dry mode: `python -m benchmarks.gpu.suite --dry-run --out DIR` runs every part that needs
 no CUDA with tiny shapes (real launches: torchrun DDP and deepspeed ZeRO-3; `zero-kit train` ZeRO-3 + export +
-reload + resume, ZeRO-2 and LoRA; the throughput part at the planner's micro batch and the sweep's DRY_LAUNCHED
+reload + resume and LoRA; the throughput part at the planner's micro batch and the sweep's DRY_LAUNCHED
 settings, every other setting checked against DeepSpeed's zero_optimization model), and
 every part writes one schema-valid record: the other CUDA parts say `skipped: no CUDA`."""
 
@@ -54,6 +54,7 @@ def test_dry_run_writes_one_valid_record_per_part(tmp_path):
     train = by["train"]["data"]["runs"]
     assert train["zero3_resumed"]["resumed_from"].endswith("checkpoint-2") and train["zero3_resumed"]["losses"]
     assert train["lora"]["adapter_files"] and "zero3_offload" not in train  # CPU Adam's op build: CUDA runs only
+    assert "zero2" not in train  # ZeRO-3's code path with another --stage: the GPU's run only
     zeropp = by["zeropp"]  # qwZ/qgZ are CUDA-only: on CPU the generator (told so) and a train run refuse them
     assert zeropp["status"] == "skipped" and "refused" in zeropp["reason"], (zeropp["reason"], zeropp["data"])
     assert all(r["refused"] and "CPU backend" in r["message"] for r in zeropp["data"]["cpu_refusal"].values())
