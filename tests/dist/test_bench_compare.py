@@ -84,6 +84,7 @@ def test_every_strategy_ran_and_recorded_the_required_fields(records):
         assert r["step_time_s"] > 0 and r["tokens_per_s"]["total"] == pytest.approx(2 * r["tokens_per_s"]["per_rank"])
         assert set(r["model_state_bytes_per_rank"]) >= {"params", "grads", "optimizer", "total", "predicted"}
         assert r["peak_mem_bytes"]["rss"] > 0 and r["versions"]["torch"]
+        assert r["compiled_graphs"] is None  # eager: no --compile (test_bench_compile.py counts the compiled ones)
         # the rank's own record of its huge pages: none for this 12 MiB model, which glibc's heap serves
         # (zero_kit.dist.set_rank_huge_pages), or the user's own value
         assert r["rank_env"][THP_ENV] == os.environ.get(THP_ENV) and r["rank_env"]["OMP_NUM_THREADS"]

@@ -1,6 +1,8 @@
 """`zero-kit bench --compile`: torch.compile on every backend family (DDP, FSDP2, DeepSpeed ZeRO via
 `engine.compile()`), real launches on 2 CPU ranks. Compiled graphs must really be captured, and the compiled
-losses must stay with the eager DDP losses. Ports 29750-29759."""
+losses must stay with the eager DDP losses: those of the one-host DDP reference run at the same size
+(tests/multinode/bench_reference.py, trained once per test run for the two-host tests), its first steps. Ports
+29750-29759."""
 
 from __future__ import annotations
 
@@ -8,10 +10,13 @@ import json
 
 import pytest
 
+from tests.multinode.bench_reference import SIZE, single_node_losses
 from zero_kit.bench import BenchOptions, run_bench
 
 pytestmark = pytest.mark.dist
-SMALL = dict(nproc=2, hidden_size=96, layers=2, vocab_size=256, seq_len=32, micro_batch=2, steps=4, warmup=2)
+STEPS = 4
+# the reference's model, data and batch (its warm-up steps only decide which steps are timed)
+SMALL = dict(SIZE, nproc=2, steps=STEPS, warmup=2)
 
 
 def _bench(out, strategies: str, port: int, compile: bool) -> dict[str, dict]:
@@ -20,11 +25,9 @@ def _bench(out, strategies: str, port: int, compile: bool) -> dict[str, dict]:
     return {r["strategy"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
 
 
-def test_compiled_strategies_capture_graphs_and_match_eager_losses(tmp_path):
+def test_compiled_strategies_capture_graphs_and_match_eager_losses(tmp_path, tmp_path_factory):
     compiled = _bench(tmp_path / "compiled", "ddp,fsdp,zero3", 29750, compile=True)
-    eager = _bench(tmp_path / "eager", "ddp", 29755, compile=False)
-    assert eager["ddp"]["compiled_graphs"] is None
-    reference = eager["ddp"]["losses"]
+    reference = single_node_losses(tmp_path_factory)["ddp"][:STEPS]
     for name, record in compiled.items():
         assert not record.get("failed"), "\n".join(record.get("log_tail", []))
         assert record["compiled_graphs"] >= 1, f"{name}: torch.compile captured no graph (fell back to eager)"

@@ -1,7 +1,8 @@
 """Reliability of `zero-kit train` (ZeRO-3, two CPU ranks, gloo, the `deepspeed` launcher via --nproc 2).
 
 One output directory lives through every failure in turn, and each test proves one guarantee:
-  1. a rank SIGKILLed mid-run stops the whole job, non-zero, within a bounded time (no hang);
+  1. a rank SIGKILLed mid-run stops the whole job, non-zero, within a bounded time (no hang), and is named with its
+     last RSS, the planned peak and a fix (issue 40: the OOM killer's signal);
   2. SIGKILL of the whole job at three moments of a save (checkpoint directory just created; shards written
      but not the Trainer's files; every file written but no manifest) -> each relaunch with `--resume auto`
      resumes from the previous complete checkpoint;
@@ -13,6 +14,7 @@ in file order and share the directory: each starts from what the previous one le
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import time
@@ -35,6 +37,10 @@ from zero_kit.checkpoints import store
 from zero_kit.errors import EXIT_PREEMPTED
 
 pytestmark = [pytest.mark.dist, pytest.mark.serial]  # kills and bounded stop times: never beside another test
+KILLED = re.compile(
+    r"^zero-kit train: rank 1 was killed \(SIGKILL\), probably for memory: last RSS (\d+\.\d\d) GiB, "
+    r"planned peak (\d+\.\d\d) GiB per rank; fix: (--\S+.*)$"
+)
 STOP_BOUND_S = 60  # deepspeed's launcher polls ranks every 1 s, then gives survivors 30 s after SIGTERM
 TIMEOUT_S = 300
 
@@ -65,6 +71,12 @@ def test_1_killed_rank_stops_the_job_in_bounded_time(shared):
     assert code != 0
     assert stop_s < STOP_BOUND_S
     assert survivors(job.proc.pid) == [], "a rank outlived the job"
+    # issue 40: a rank killed by SIGKILL (what the kernel's OOM killer does) is named, with its last RSS as the
+    # supervisor sampled it, the planner's peak per rank and the flags that lower it, in the job's last line
+    last = job.text().strip().splitlines()[-1]
+    named = KILLED.match(last)
+    assert named, job.text()[-3000:]
+    assert 0.1 < float(named[1]) < float(named[2]), last  # a CPU rank of the embedded model: far below the plan
     # Usually checkpoint-2; checkpoint-4 when a loaded machine let step 4's save finish before the kill landed.
     complete = store.newest_complete(out)
     assert complete.name in ("checkpoint-2", "checkpoint-4") and pointer(out) == complete.name

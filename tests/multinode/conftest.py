@@ -22,5 +22,5 @@ def cpu_ops() -> float:
 
 @pytest.fixture(scope="session")
 def single_node(tmp_path_factory, cpu_ops) -> dict[str, list[float]]:
-    """Losses per strategy of the one-host two-rank run at the two-host bench size (bench_reference.py)."""
+    """Losses of the one-host two-rank DDP run at the two-host bench size (bench_reference.py)."""
     return single_node_losses(tmp_path_factory)

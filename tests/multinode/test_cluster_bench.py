@@ -6,7 +6,7 @@
   allocation, one srun per strategy.
 
 Each leaves ONE complete results directory (results.jsonl, table.md, plots) whose records say 2 nodes x 1 rank
-and how they were launched, with losses equal to a single-node two-rank run within 1e-5 (fp32) and the bytes
+and how they were launched, with losses equal to a single-node two-rank DDP run within 1e-5 (fp32) and the bytes
 that crossed the inter-node link counted by tier. Prefixes zkbp (pdsh, 10.78.53.x), zkbs (Slurm, 10.78.54.x).
 """
 
@@ -40,7 +40,7 @@ def _check_results(out: Path, mode: str, single_node: dict[str, list[float]]) ->
         assert not r.get("failed"), r.get("log_tail")
         assert (r["nnodes"], r["ranks_per_node"], r["world_size"]) == (2, 1, 2)
         assert r["launch"] == {"mode": mode, "nodes": 2, "ranks_per_node": 1}
-        diffs = [abs(a - b) for a, b in zip(r["losses"], single_node[r["strategy"]], strict=True)]
+        diffs = [abs(a - b) for a, b in zip(r["losses"], single_node["ddp"], strict=True)]
         assert max(diffs) <= 1e-5, (r["strategy"], diffs)
         tiers = r["comm_bytes_per_step"]["ring_bytes_sent_all_ranks_by_tier"]
         # One rank per host: every ring link crosses the hosts, so every byte is inter-node.
