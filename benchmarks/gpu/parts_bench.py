@@ -43,13 +43,16 @@ def _max_rel_diff(losses: list[float], reference: list[float]) -> float:
 
 
 def correctness(ctx: Context) -> tuple[str, str | None, dict]:
-    """Part b: the embedded model through every strategy; losses against DDP's within a stated tolerance."""
+    """Part b: the embedded model through every strategy; losses against DDP's within a stated tolerance. The dry
+    run compares the throughput part's two runs (ddp and zero3, fp32, one rank), which it would only repeat."""
     if ctx.dry_run:
         strategies, precision, tol, extra = ["ddp", "zero3"], "fp32", FP32_LOSS_TOL, {"steps": 3, "warmup": 1}
     else:
         strategies = ["ddp", "fsdp", "zero1", "zero2", "zero3", "zero3_offload"]
         precision, tol, extra = "bf16", BF16_LOSS_TOL, {"steps": 20, "warmup": 3}
-    records = run_strategies(ctx, "correctness", strategies, nproc=1, precision=precision, **extra)
+    # dry: the throughput part's fp32 ddp and zero3 runs are this part's calls on another shape
+    reused = ctx.dry_run and ctx.results.get("throughput_records")
+    records = reused or run_strategies(ctx, "correctness", strategies, nproc=1, precision=precision, **extra)
     runs = [summarize_run(r) for r in records]
     reference = next((r for r in runs if r["strategy"] == "ddp" and not r.get("failed")), None)
     within = {}
