@@ -50,8 +50,11 @@ def test_sp_checkpoint_resumes_at_one_rank_and_its_export_loads(runs):
     from transformers import AutoModelForCausalLM
 
     resumed = runs["root"] / "resumed"
-    run(zero_kit("train", *COMMON, "--no-export", "--resume", str(runs["sp"] / "checkpoint-5"),
-                 "--output", str(resumed)), timeout=600)  # fmt: skip
+    done = run(zero_kit("train", *COMMON, "--no-export", "--resume", str(runs["sp"] / "checkpoint-5"),
+                        "--output", str(resumed)), timeout=600)  # fmt: skip
     assert_losses_continue(resumed, runs["sp"], range(6, STEPS + 1), rtol=1e-5)
+    # a ZeRO-3 checkpoint of 2 ranks at 1 (test_reliability.py resumes one at 4): DeepSpeed's universal conversion
+    assert "checkpoint-5 was written by 2 rank(s), this run has 1" in done.stdout, done.stdout[-3000:]
+    assert (runs["sp"] / "checkpoint-5" / "latest_universal").read_text().strip() == "global_step5_universal"
     model = AutoModelForCausalLM.from_pretrained(runs["sp"] / "final")
     assert sum(p.numel() for p in model.parameters()) > 0
