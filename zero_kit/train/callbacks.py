@@ -471,9 +471,10 @@ def counting_trainer(tokens: TokenCount, base: type | None = None) -> type:
 
 
 def loss_points(log_path: Path) -> dict[str, list[tuple[int, float]]]:
-    """{"train": [(step, loss)], "eval": [(step, eval_loss)]}, by step. A resumed run appends to the same log and may
-    log a step again: the last record of a step wins. A line cut short by a kill is skipped."""
-    series: dict[str, dict[int, float]] = {"train": {}, "eval": {}}
+    """{"train": [(step, loss)], "eval": [(step, eval_loss)], "margin": [(step, reward_margin)]}, by step; the margin
+    is a DPO run's (--method dpo), empty otherwise. A resumed run appends to the same log and may log a step again:
+    the last record of a step wins. A line cut short by a kill is skipped."""
+    series: dict[str, dict[int, float]] = {"train": {}, "eval": {}, "margin": {}}
     text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else ""
     for line in text.splitlines():
         try:
@@ -482,7 +483,7 @@ def loss_points(log_path: Path) -> dict[str, list[tuple[int, float]]]:
             continue
         if not isinstance(record, dict) or not isinstance(record.get("step"), int):
             continue
-        for name, key in (("train", "loss"), ("eval", "eval_loss")):
+        for name, key in (("train", "loss"), ("eval", "eval_loss"), ("margin", "reward_margin")):
             if isinstance(record.get(key), (int, float)):
                 series[name][record["step"]] = float(record[key])
     return {name: sorted(points.items()) for name, points in series.items()}
@@ -507,7 +508,14 @@ def write_loss_plot(output: Path) -> Path | None:
     ax.set_ylabel("loss")
     ax.set_title(f"{output.name}: loss over steps")
     ax.grid(alpha=0.3)
-    ax.legend()
+    handles = ax.get_legend_handles_labels()
+    if points["margin"]:  # DPO: the reward margin (chosen - rejected) on its own axis, since it rises as loss falls
+        steps, margins = zip(*points["margin"], strict=True)
+        right = ax.twinx()
+        right.plot(steps, margins, "--", color="tab:green", label="reward margin")
+        right.set_ylabel("reward margin")
+        handles = tuple(a + b for a, b in zip(handles, right.get_legend_handles_labels(), strict=True))
+    ax.legend(*handles)
     fig.tight_layout()
     path = output / LOSS_PNG
     partial = path.with_name(f".{LOSS_PNG}.partial")
