@@ -48,6 +48,18 @@ def test_70b_without_checkpointing_is_refused_with_the_fix():
     assert "short by" in text and "Would fit: --activation-checkpointing" in text and "GB each" in text
 
 
+def test_a_long_sequence_is_sent_to_sequence_parallelism_within_the_node_not_to_more_nodes():
+    """Issue 48: Llama-3-8B at 32k on one node of 8 x 80 GB fits nothing; the planner named 4 nodes (with activation
+    checkpointing) where DeepSpeed's Ulysses over the node's 8 GPUs fits it."""
+    plan, _ = _plan("llama-3-8b", 80, 8, seq_len=32768)
+    assert plan.recommended is None
+    fixes = [line for line in plan.reasons if line.startswith("Would fit:")]
+    assert fixes[0].startswith("Would fit: --sp 8 with zero3 "), fixes
+    assert not any("nodes of" in line for line in fixes), fixes
+    sp, _ = _plan("llama-3-8b", 80, 8, seq_len=32768, sp=8)
+    assert sp.recommended is not None
+
+
 def test_1b_on_one_24gb_gpu():
     plan, by = _plan("llama-3.2-1b", 24, 1)
     assert not by["ddp"].fits  # 16 bytes x 1.24B = 19.8 GB before activations

@@ -236,8 +236,20 @@ def refusal(options: list[Option], work: Workload, hardware: Hardware) -> list[s
 
 
 def alternatives(work: Workload, hardware: Hardware) -> list[str]:
-    """Changes to the hardware or the run that would make some option fit (the first that works of each kind)."""
+    """Changes to the hardware or the run that would make some option fit (the first that works of each kind). A long
+    sequence's own remedies come first: they keep the run on its GPUs (DeepSpeed's ALST, docs/long_sequences.md)."""
+    from zero_kit.lint.rules_ulysses import heads_split
+
+    shape = work.shape
     tries = [
+        [
+            (f"--sp {sp}", replace(work, sp=sp), hardware)
+            for sp in range(work.sp + 1, hardware.gpus_per_node + 1)
+            if hardware.gpus_per_node % sp == 0
+            and work.seq_len % sp == 0
+            and heads_split(shape.heads, shape.kv_heads, sp)
+        ],
+        [("--tiled-compute", replace(work, tiled=True), hardware)] if not work.tiled else [],
         [
             (
                 f"{hardware.nodes * k} nodes of {hardware.gpus_per_node} GPUs",
@@ -270,4 +282,7 @@ def alternatives(work: Workload, hardware: Hardware) -> list[str]:
     if not found and not work.activation_checkpointing:  # two changes: checkpointing plus one of the others
         both = alternatives(replace(work, activation_checkpointing=True), hardware)
         found = [f"--activation-checkpointing and {text}" for text in both if not text.startswith("no tried")]
-    return found or ["no tried change (up to 128x the nodes, 192 GB GPUs, checkpointing, LoRA r=16) is enough"]
+    return found or [
+        "no tried change (--sp within a node, tiled compute, up to 128x the nodes, 192 GB GPUs, checkpointing, LoRA r=16)"
+        " is enough"
+    ]
