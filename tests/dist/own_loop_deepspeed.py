@@ -6,6 +6,10 @@ and a save of the whole weights that plain transformers loads. No Trainer and no
 Writes into --output_dir: the saved model (safetensors), `rows_<rank>.json` (the rows this rank read, and the world
 it saw) and, on rank 0, `losses.json` (the mean loss over ranks, per step). The parts it shares with the other
 own loop (command line, numbered rows, parameter groups, the rows record) are in own_loop_parts.py.
+
+`--then CONFIG OUTPUT_DIR` (repeatable; the test's, not the user's) trains one more config after the first in the
+same ranks, from a fresh model, optimizer and engine (the last one destroyed): test_own_loops.py runs ZeRO-2 and
+ZeRO-3 with offload in one launch, as tests/dist/preset_steps.py runs presets.
 """
 
 from __future__ import annotations
@@ -26,11 +30,19 @@ from transformers.integrations import HfDeepSpeedConfig
 def main() -> None:
     parser = loop_arguments()  # --model_dir --data_file --output_dir --max_steps --lr (own_loop_parts.py)
     parser.add_argument("--local_rank", type=int, default=-1)  # the deepspeed launcher passes it
+    parser.add_argument("--then", nargs=2, action="append", default=[], metavar=("CONFIG", "OUTPUT_DIR"))
     parser = deepspeed.add_config_arguments(parser)  # --deepspeed_config FILE
     args = parser.parse_args()
 
-    config = json.loads(Path(args.deepspeed_config).read_text())
     deepspeed.init_distributed()  # before the model: ZeRO-3's zero.Init must count every rank
+    for config_file, output_dir in [(args.deepspeed_config, args.output_dir), *args.then]:
+        train(args, json.loads(Path(config_file).read_text()), Path(output_dir))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()  # before the interpreter exits: gloo's threads end cleanly
+
+
+def train(args, config: dict, out: Path) -> None:
+    """One run of the loop on `config`, saved into `out`: what docs/own_script.md shows."""
     keep = HfDeepSpeedConfig(config)  # noqa: F841 (alive while the model is built: ZeRO-3 builds it sharded)
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     model = AutoModelForCausalLM.from_pretrained(args.model_dir)
@@ -58,7 +70,6 @@ def main() -> None:
         torch.distributed.all_reduce(mean)
         losses.append(mean.item() / world)
 
-    out = Path(args.output_dir)
     write_rows(out, rows, world, rank)
     # ZeRO-3 holds a shard of each weight per rank: gather them whole for the save (a no-op at stages 0-2).
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None):
@@ -67,7 +78,7 @@ def main() -> None:
             tokenizer.save_pretrained(out)
             (out / "losses.json").write_text(json.dumps(losses))
     torch.distributed.barrier()
-    torch.distributed.destroy_process_group()  # before the interpreter exits: gloo's threads end cleanly
+    engine.destroy()  # its hooks and buffers go before a --then config's engine is built in the same ranks
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ chosen point (reliability_faults/); and its uninterrupted two-rank run, trained 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import psutil
@@ -16,6 +17,13 @@ from tests.support.shared import shared_run
 from zero_kit.train.startup import MEMORY_ENV
 
 STEPS = 8
+# Secrets planted in the reference run's environment (under umask 0): tests/dist/test_secrets_scan.py scans what the
+# run left and printed for them, on this run instead of a train launch of its own. zero-kit's ranks never read them.
+PLANTED = {
+    "HF_TOKEN": "hf_PLANTEDscan0123456789abcdef",
+    "WANDB_API_KEY": "PLANTEDwandb0123456789abcdef",
+    "MY_SERVICE_PASSWORD": "PLANTEDpassword-0123456789",
+}
 # Constant LR keeps the comparisons about restored state; every run of a test module uses the same job.
 JOB = ["--stage", "3", "--max-steps", str(STEPS), "--save-steps", "2", "--save-total-limit", "10",
        "--lr-scheduler", "constant", *FAST]  # fmt: skip
@@ -24,13 +32,18 @@ JOB = ["--stage", "3", "--max-steps", str(STEPS), "--save-steps", "2", "--save-t
 def zero3_reference(factory: pytest.TempPathFactory) -> Path:
     """The uninterrupted two-rank run of JOB, trained once per test run (tests/support/shared.py) for every test that
     compares with it: RUN/run is its output, RUN/probe.pt the logits its ranks computed at the end of training
-    (tests/dist/probe), RUN/output.txt what it printed. Readers copy a checkpoint before resuming it."""
+    (tests/dist/probe), RUN/output.txt what it printed. Readers copy a checkpoint before resuming it. It runs with
+    PLANTED in its environment and under umask 0, for test_secrets_scan.py."""
 
     def train(directory: Path) -> None:
         cmd = zero_kit("train", "--nproc", "2", "--master-port", "29801", "--output", str(directory / "run"), *JOB)
         # the logits at the end; memory by start-up stage; ranks that fail if they resolve their run again
         probe = {"ZERO_KIT_PROBE_LOGITS": str(directory / "probe.pt"), MEMORY_ENV: "1", "ZERO_KIT_PROBE_NO_REPLAN": "1"}
-        proc = run(cmd, timeout=300, extra_env=probe, site=PROBE_SITE)
+        umask = os.umask(0)  # as test_secrets_scan.py's umask_zero: a file left world-readable would show
+        try:
+            proc = run(cmd, timeout=300, extra_env={**probe, **PLANTED}, site=PROBE_SITE)
+        finally:
+            os.umask(umask)
         assert f"step {STEPS}/{STEPS}" in proc.stdout
         (directory / "output.txt").write_text(proc.stdout + proc.stderr)
 

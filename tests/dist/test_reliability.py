@@ -6,7 +6,8 @@ One output directory lives through every failure in turn, and each test proves o
   2. SIGKILL of the whole job at three moments of a save (checkpoint directory just created; shards written
      but not the Trainer's files; every file written but no manifest) -> each relaunch with `--resume auto`
      resumes from the previous complete checkpoint;
-  3. SIGTERM (preemption) finishes the step, saves, exits EXIT_PREEMPTED; the relaunch resumes right there;
+  3. SIGTERM (preemption) finishes the step, saves, exits EXIT_PREEMPTED; the relaunch resumes right there (with
+     the checks of a clean stop that tests/mistakes/test_mistakes_signals.py makes of its Ctrl-C cases);
 and at the end the weights are bitwise equal (fp32) to one uninterrupted run of the same job. The tests run
 in file order and share the directory: each starts from what the previous one left.
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 from reliability_helpers import STEPS, rank_pid, start, zero3_reference
 
-from tests.support.jobs import kill_group, survivors, wait_for
+from tests.support.jobs import Descendants, kill_group, survivors, wait_for
 from tests.support.runs import (
     assert_bitwise_equal,
     assert_losses_continue,
@@ -43,6 +44,7 @@ KILLED = re.compile(
 )
 STOP_BOUND_S = 60  # deepspeed's launcher polls ranks every 1 s, then gives survivors 30 s after SIGTERM
 TIMEOUT_S = 300
+PREEMPT_STOP_S = 60  # from SIGTERM to the command's exit: one step, one small save, the launcher's 1 s poll
 
 
 @pytest.fixture(scope="module")
@@ -115,17 +117,41 @@ def test_2_kill_during_save_resumes_from_previous_complete(shared, index):
 
 
 def test_3_sigterm_saves_exits_75_and_resumes_there(shared):
+    """Also the SIGTERM case of tests/mistakes/test_mistakes_signals.py (its checks moved here, onto this launch):
+    the last line, printed once, names the preemption, the step, the checkpoint left and the command that continues;
+    no traceback; no process of the job (launcher, ranks, watchdogs) outlives the command; it stops within
+    PREEMPT_STOP_S of the signal."""
     out, complete, records = shared["out"], shared["complete"], len(logged_steps(shared["out"]))
     job = start(out, 29820, "--resume", "auto")
-    wait_for(lambda: len(logged_steps(out)) > records, "the first step after resuming", job, poll=0.02)
-    job.proc.send_signal(signal.SIGTERM)  # the plain `zero-kit train` forwards it to every rank
-    code = job.wait(TIMEOUT_S)
-    assert resumed_from(job.text()) == complete  # the last kill of test 2 left the next checkpoint incomplete
+    watch = Descendants(job.proc.pid)
+    try:
+        wait_for(lambda: len(logged_steps(out)) > records, "the first step after resuming", job, poll=0.02)
+        job.proc.send_signal(signal.SIGTERM)  # the plain `zero-kit train` forwards it to every rank
+        sent = time.monotonic()
+        code = job.proc.wait(timeout=TIMEOUT_S)
+        stop_s = time.monotonic() - sent
+    finally:
+        left = watch.alive()  # before the reap below: what outlived the command
+        kill_group(job.proc)
+    text = job.text()
+    assert resumed_from(text) == complete  # the last kill of test 2 left the next checkpoint incomplete
     stopped_at = logged_steps(out)[-1]
-    assert code == EXIT_PREEMPTED, job.text()[-3000:]
+    assert code == EXIT_PREEMPTED, text[-3000:]
     assert complete < stopped_at < STEPS
     assert pointer(out) == f"checkpoint-{stopped_at}"
     assert store.is_complete(out / f"checkpoint-{stopped_at}")
+    assert "Traceback" not in text, text[-3000:]
+    assert left == [] and survivors(job.proc.pid) == [], f"outlived the command: {left}"
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines[-1].startswith("zero-kit train: preempted (SIGTERM) at step "), text[-3000:]
+    assert sum("zero-kit train: stopped by" in line or "zero-kit train: preempted" in line for line in lines) == 1
+    assert (
+        f" at step {stopped_at}, exit {EXIT_PREEMPTED}; checkpoint left: {out / f'checkpoint-{stopped_at}'} ("
+        in lines[-1]
+    )
+    command = lines[-1].split("; continue with: ")[1]
+    assert command.endswith(" --resume auto") and command.startswith("zero-kit train --nproc 2 "), command
+    assert stop_s < PREEMPT_STOP_S
     shared["preempted_at"] = stopped_at
 
 

@@ -1,29 +1,30 @@
 """ZeRO-3 on two CPU ranks through `zero-kit train --nproc 2` (re-launch under the `deepspeed` launcher):
-construction under zero.Init, export with equal logits, and a run killed after a checkpoint that resumes to
-bitwise the same weights as an uninterrupted run; a SIGTERM (preemption) saves, exits 75 and resumes exactly."""
+construction under zero.Init, export with equal logits, and a checkpoint of the run that resumes to bitwise the same
+weights as the uninterrupted run. All of it reads the shared two-rank reference run (reliability_helpers.py); the
+one launch of its own is the resume. The compatibility job of .ci/run runs this file on the oldest release set: ZeRO-3
+train, checkpoint, resume and export there. A SIGTERM (preemption) that saves, exits 75 and resumes to the same
+weights is tests/dist/test_reliability.py's tests 3 and 4 (main job)."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from reliability_helpers import JOB, STEPS, zero3_reference
 
-from tests.support.jobs import env, kill_group, run, start, wait_for, zero_kit
+from tests.support.jobs import run, zero_kit
 from tests.support.runs import (
     assert_bitwise_equal,
     assert_trained,
     log_records,
-    logged_steps,
     pointer,
     resumed_from,
     run_info,
 )
-from zero_kit.errors import EXIT_PREEMPTED
 from zero_kit.train.startup import STAGES, STARTUP_FILE
 
 pytestmark = pytest.mark.dist
@@ -90,29 +91,17 @@ def test_export_matches_in_training_logits_and_generates(uninterrupted):
     assert tokenizer.decode(out[0, prompt["input_ids"].shape[1] :]).strip()
 
 
-def _preempt_after_first_step(out: Path) -> int:
-    """SIGTERM the plain `zero-kit train --nproc 2` (as SLURM does before preemption) once step 1 is logged;
-    returns its exit code. It forwards the signal to both ranks, which finish the step, save and exit."""
-    cmd = zero_kit("train", "--nproc", "2", "--master-port", "29611", "--output", str(out), *JOB)
-    job = start(cmd, out.parent / "preempted.log", env=env(), reap=True)
-    try:
-        wait_for(lambda: logged_steps(out), "step 1", job, timeout=180, poll=0.05)
-        job.proc.send_signal(signal.SIGTERM)
-        return job.wait(timeout=120)
-    finally:
-        if job.proc.poll() is None:
-            kill_group(job.proc)
-
-
-def test_preempted_run_resumes_to_bitwise_equal_weights(uninterrupted, tmp_path):
-    out = tmp_path / "run"
-    assert _preempt_after_first_step(out) == EXIT_PREEMPTED
-    stopped_at = log_records(out)[-1]["step"]
-    assert 1 <= stopped_at < STEPS
-    assert pointer(out) == f"checkpoint-{stopped_at}"
+def test_checkpoint_resumes_to_bitwise_equal_weights(uninterrupted, tmp_path):
+    """The reference run's checkpoint-6, copied (a reader never writes into the shared run), resumed by `--resume
+    auto` to the end: the same final weights, bit for bit. (This test preempted a run of its own with SIGTERM and
+    resumed it: two launches; the preemption is test_reliability.py's tests 3-4, on the same resume path.)"""
+    out, resume_at = tmp_path / "run", STEPS - 2
+    out.mkdir()
+    shutil.copytree(uninterrupted / "run" / f"checkpoint-{resume_at}", out / f"checkpoint-{resume_at}")
     proc = run(
         zero_kit("train", "--nproc", "2", "--master-port", "29612", "--output", str(out), "--resume", "auto", *JOB)
     )
-    assert resumed_from(proc.stdout) == stopped_at
-    assert log_records(out)[-1]["step"] == STEPS
-    assert_bitwise_equal(out / "final", uninterrupted / "run" / "final", f"after resume from step {stopped_at}")
+    assert resumed_from(proc.stdout) == resume_at
+    assert [r["step"] for r in log_records(out)] == list(range(resume_at + 1, STEPS + 1))
+    assert pointer(out) == f"checkpoint-{STEPS}"
+    assert_bitwise_equal(out / "final", uninterrupted / "run" / "final", f"after resume from step {resume_at}")

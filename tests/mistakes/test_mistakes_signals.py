@@ -3,14 +3,19 @@ launcher, the embedded model, gloo on CPU) once and cleanly, however it is sent:
   1. SIGINT to the `zero-kit` process only (a wrapper script, a notebook's stop button): exit 130;
   2. SIGINT to the whole process group of a `setsid` job (Ctrl-C in a terminal: the launchers and both ranks get it
      too), and once more 0.2 s later (a wrapper in the group forwarding it): exit 130, one Ctrl-C, with a save slower
-     than the deepspeed launcher's patience (see SLOW_SAVE);
-  3. SIGTERM to the `zero-kit` process (a scheduler's notice): exit 75 (EXIT_PREEMPTED).
+     than the deepspeed launcher's patience (see SLOW_SAVE).
 Each time every rank finishes its step and saves it, the last line (printed once) names what happened, the step, the
 checkpoint left and the command that continues, there is no traceback, and no process of the job (the launcher, both
 ranks, their watchdogs) is alive afterwards. The cases share one output directory and each runs the command the
 previous one printed, so `--resume auto` is proven to continue exactly where the signal stopped the run.
-Last, kill -9 of the `zero-kit` process (the OOM killer, a lost session): every process of the job is gone within
-30 s, and a run taking the output over waits until no rank of the killed job lives.
+Last, kill -9 of the `zero-kit` process (the OOM killer, a lost session), started with the command case 2 printed
+(it resumes at that stop): every process of the job is gone within 30 s, and a run taking the output over waits
+until no rank of the killed job lives.
+
+SIGTERM to the `zero-kit` process (a scheduler's notice: exit 75, EXIT_PREEMPTED), once a third case here with a
+launch of its own, is checked the same way (the last line, printed once, no traceback, no process of the job left,
+the printed command, the stop time) on a launch the suite makes anyway: tests/dist/test_reliability.py's test 3
+(ZeRO-3, the same `zero-kit train` signal path), whose test 4 resumes it to the weights of an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -18,16 +23,14 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import threading
 import time
 
 import psutil
 import pytest
 
-from tests.support.jobs import FAST, env, kill_group, start, survivors, wait_for, zero_kit
+from tests.support.jobs import FAST, Descendants, env, kill_group, start, survivors, wait_for, zero_kit
 from tests.support.runs import logged_steps, pointer, resumed_from
 from zero_kit.checkpoints import claim
-from zero_kit.errors import EXIT_PREEMPTED
 
 pytestmark = [pytest.mark.dist, pytest.mark.serial]  # signals and bounded stop times: never beside another test
 STOP_S = 60  # from the signal to the command's exit: one step, one small save, the launcher's 1 s poll
@@ -57,40 +60,7 @@ longer than 30 s. A launcher that acts on the terminal's Ctrl-C kills rank 0 in 
 CASES = [
     ("sigint_to_the_command", signal.SIGINT, False, 130, "zero-kit train: stopped by Ctrl-C (SIGINT) at step "),
     ("ctrl_c_in_a_terminal", signal.SIGINT, True, 130, "zero-kit train: stopped by Ctrl-C (SIGINT) at step "),
-    ("sigterm", signal.SIGTERM, False, EXIT_PREEMPTED, "zero-kit train: preempted (SIGTERM) at step "),
 ]
-
-
-class Descendants:
-    """Every process the job started, seen while it runs (a leftover may have lost its parent by the end)."""
-
-    def __init__(self, pid: int) -> None:
-        self.root = psutil.Process(pid)
-        self.seen: dict[int, psutil.Process] = {}
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._watch, daemon=True)
-        self.thread.start()
-
-    def _watch(self) -> None:
-        while not self.done.is_set():
-            try:
-                self.seen.update((p.pid, p) for p in self.root.children(recursive=True))
-            except psutil.Error:
-                return
-            time.sleep(0.05)
-
-    def alive(self) -> list[str]:
-        self.done.set()
-        self.thread.join(5)
-        left = []
-        for proc in self.seen.values():
-            try:
-                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                    left.append(" ".join(proc.cmdline()[:6]))
-                    proc.kill()  # do not leave it to the next test; the assertion reports it
-            except psutil.Error:
-                continue
-        return left
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +123,8 @@ def test_a_killed_command_leaves_no_rank_behind(chain, tmp_path):
     try:
         steps_before = len(logged_steps(out))
         wait_for(lambda: len(logged_steps(out)) >= steps_before + 2, "two steps", job, timeout=TIMEOUT_S)
+        if "stopped_at" in chain:  # the command the last signal case printed continues at its stop
+            assert resumed_from(job.text()) == chain["stopped_at"], job.text()[-3000:]
         ranks = [p for p in list(watch.seen.values()) if _running(p) and "zero_kit.cli" in p.cmdline()[:4]]
         assert len(ranks) == 2 and claim._is_held(out / claim.RANKS), "the ranks did not bind to their job"
         os.kill(job.proc.pid, signal.SIGKILL)

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -110,6 +111,38 @@ def held_port() -> Iterator[int]:
         sock.bind(("", 0))
         sock.listen()
         yield sock.getsockname()[1]
+
+
+class Descendants:
+    """Every process the job started, seen while it runs (a leftover may have lost its parent by the end)."""
+
+    def __init__(self, pid: int) -> None:
+        self.root = psutil.Process(pid)
+        self.seen: dict[int, psutil.Process] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.done.is_set():
+            try:
+                self.seen.update((p.pid, p) for p in self.root.children(recursive=True))
+            except psutil.Error:
+                return
+            time.sleep(0.05)
+
+    def alive(self) -> list[str]:
+        self.done.set()
+        self.thread.join(5)
+        left = []
+        for proc in self.seen.values():
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    left.append(" ".join(proc.cmdline()[:6]))
+                    proc.kill()  # do not leave it to the next test; the assertion reports it
+            except psutil.Error:
+                continue
+        return left
 
 
 def survivors(pgid: int, grace: float = 5.0) -> list[int]:
