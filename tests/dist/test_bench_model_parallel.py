@@ -4,17 +4,24 @@ gloo, zero1_tp (DeepSpeed AutoTP 2-way + ZeRO-1, the deepspeed launcher) and pp 
 holds and their state bytes against the byte table, the bytes of every collective against closed forms of the
 model's shape, and the pipeline's measured bubble against (p - 1) / (m + p - 1). One run serves every test here
 (ports 29840-29849); its own module rather than test_bench_compare's fixture, so neither's settings bind the other.
+The run is docs/comparing.md's command as written (block `comparing-model-parallel`), with an output directory,
+a port and a timeout added.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from zero_kit.bench import BenchOptions, run_bench
+from zero_kit.cli import build_parser
+from zero_kit.options import dataclass_from_args
 from zero_kit.plan.accounting import model_state_bytes
 from zero_kit.plan.parallel import bubble_fraction
+
+from tests.support import docs
 
 # serial: the pipeline's measured bubble is a wall-clock ratio of its stages; a neighbour on the 2 cores slows one
 # stage more than the other (0.56 / 0.48 measured beside the two-host tests, above the (p - 1) / p bound).
@@ -27,9 +34,12 @@ FP32 = 4
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_mp")
-    opts = BenchOptions(strategies=",".join(STRATEGIES), nproc=N, hidden_size=96, layers=2, vocab_size=256,
-                        seq_len=SEQ, micro_batch=MICRO, grad_accum=ACCUM, steps=8, warmup=2, out=str(out),
-                        master_port=29840, timeout=240)  # fmt: skip
+    argv = docs.command("comparing-model-parallel")
+    assert argv[:2] == ["zero-kit", "bench"], argv
+    args = build_parser("bench").parse_args([*argv[1:], "--out", str(out), "--master-port", "29840"])
+    opts = dataclasses.replace(dataclass_from_args(BenchOptions, args), timeout=240)
+    settings = (opts.strategies.split(","), opts.nproc, opts.seq_len, opts.micro_batch, opts.grad_accum)
+    assert settings == (STRATEGIES, N, SEQ, MICRO, ACCUM), "the doc's command and this test's constants part"
     run_bench(opts, progress=lambda line: None)
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert "pp" in (out / "table.md").read_text()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import docs
 from tests.support.jobs import TESTS, run, zero_kit
 from tests.support.runs import log_records
 
@@ -69,6 +70,12 @@ def zero2_lora(tmp_path_factory, pairs) -> dict:
 def trained(request) -> dict:
     """Each launch in turn (each made once for the module)."""
     return request.getfixturevalue(request.param)
+
+
+def test_the_progress_line_is_the_one_the_docs_show(zero3):
+    """docs/training.md's DPO progress line (block `dpo-progress`), its figures aside, is what the run prints."""
+    sample = docs.covered("dpo-progress").text
+    assert not docs.missing_lines(sample, zero3["stdout"], shape=True), zero3["stdout"][-3000:]
 
 
 def _train_records(out: Path) -> list[dict]:

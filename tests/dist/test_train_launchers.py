@@ -43,6 +43,8 @@ def test_accelerate_launch_zero2(tmp_path):
     users = 2 if max(1, len(os.sched_getaffinity(0)) // 2) == 1 else 1
     proc = run([*launch, *job, "--no-export", "--max-length", "64"], extra_env={"OMP_NUM_THREADS": str(users)})
     assert "2 rank(s), ZeRO stage 2" in proc.stdout
+    # docs/training.md's accelerate example printed 13,872 FutureWarnings (torch about DeepSpeed's collectives)
+    assert (proc.stdout + proc.stderr).count("FutureWarning") <= 5, proc.stderr[-3000:]
     assert_trained(out, STEPS, world_size=2, stage=2)
     assert json.loads((out / STARTUP_FILE).read_text())["threads"] == {"OMP_NUM_THREADS": str(users), "torch": users}
 

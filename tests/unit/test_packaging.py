@@ -231,6 +231,8 @@ def _code(text: str) -> list[str]:
     for line in text.replace("\\\n", " ").splitlines():
         if line.lstrip().startswith("```"):
             fenced = not fenced
+        elif fenced and line.startswith("$ "):
+            continue  # a session: tests/unit/test_docs.py runs it and compares its output (a mistyped flag on purpose)
         elif fenced or line.startswith("    "):
             spans.append(line.split(" #", 1)[0])
         else:
