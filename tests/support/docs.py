@@ -13,9 +13,10 @@ The line just above a fenced block is an HTML comment (invisible on GitHub) nami
 - `<!-- doc: parse REASON -->`: launches (training, benchmarks, a cluster's jobs): every zero-kit command, also one
   under a launcher (`-m zero_kit.cli`), is parsed by zero-kit's own parser (flags and values); REASON says why it
   is not run here and where its kind of run is tested.
-- `<!-- doc: covered ID TEST -->`: a launch (training, a benchmark) run by TEST, a test file that reads this block
-  through `command(ID)` and runs it as written, with at most `--output`, `--max-steps` and `--master-port`
-  added; so each launch is paid once, by the test that checks its results.
+- `<!-- doc: covered ID TEST -->`: a launch (training, a benchmark), or a launch's sample, that TEST runs or checks:
+  a test file that reads this block through `command(ID)` or `covered(ID)`. It runs a command as written, its
+  placeholders made files, and says what it adds (a port, an output, the run's length); so each launch is paid
+  once, by the test that checks its results.
 - `<!-- doc: excerpt FILE -->`: lines from FILE, a script that runs in CI; every line shown is a line of FILE.
 - `<!-- doc: file NAME -->`: a file's contents; written to NAME in the folder for the commands after it.
 - `<!-- doc: skip REASON -->`: cannot run on a CPU machine without network (GPU ranks, a real cluster's paths,
@@ -35,8 +36,6 @@ KINDS = ("run", "output", "shape", "parse", "covered", "excerpt", "file", "skip"
 MARKER = re.compile(r"^<!-- doc: (\w+)(?: (.*?))? -->$")
 EXIT = re.compile(r"\(exit (\d+)\)")
 FIGURE = re.compile(r"\d+(?:\.\d+)? GiB")
-# The arguments a covering test may add to a documented launch: where it writes, how long it runs, its port.
-ADDED_FLAGS = ("--output", "--max-steps", "--master-port", "--master_port")
 
 
 class DocError(AssertionError):

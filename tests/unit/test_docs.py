@@ -10,7 +10,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 from tests.support import docs
 from tests.support.jobs import VENV_BIN
+from zero_kit.dist import free_port
 
 ASSETS = docs.ROOT / "zero_kit" / "assets" / "data"
 # What the docs call a user's files, made from the shipped data (each doc file's folder gets them).
@@ -51,17 +51,11 @@ def _folder(tmp_path: Path, model: Path) -> Path:
     return tmp_path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run(line: str, cwd: Path, rank_of_one: bool = False) -> subprocess.CompletedProcess[str]:
     """LINE as bash runs it in CWD; RANK_OF_ONE: as the one rank a launcher starts (a snippet for a rank's script)."""
     env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "HF_HUB_OFFLINE": "1"}
     if rank_of_one:
-        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     env.pop("ZERO_KIT_TEST_OPS_READY", None)
     return subprocess.run(
         ["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=180, check=False

@@ -75,6 +75,13 @@ def heads_split(heads: int, kv: int, sp: int) -> bool:
     return heads % sp == 0 and (kv % sp == 0 or sp % kv == 0)
 
 
+def sp_sizes(heads: int, kv: int, seq_len: int, ranks_per_node: int, above: int = 1) -> list[int]:
+    """The --sp sizes above `above` that one node's ranks can run on this sequence: a divisor of the node's ranks (a
+    group stays in one node) and of the sequence, with heads Ulysses can split."""
+    return [sp for sp in range(above + 1, ranks_per_node + 1)
+            if ranks_per_node % sp == 0 and seq_len % sp == 0 and heads_split(heads, kv, sp)]  # fmt: skip
+
+
 def _fitting(heads: int, kv: int, sp: int, world: int | None) -> int:
     """The largest size up to `sp` that Ulysses accepts for these heads and that divides the world size (where known);
     1: none but no sequence parallelism."""

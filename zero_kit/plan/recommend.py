@@ -238,16 +238,13 @@ def refusal(options: list[Option], work: Workload, hardware: Hardware) -> list[s
 def alternatives(work: Workload, hardware: Hardware) -> list[str]:
     """Changes to the hardware or the run that would make some option fit (the first that works of each kind). A long
     sequence's own remedies come first: they keep the run on its GPUs (DeepSpeed's ALST, docs/long_sequences.md)."""
-    from zero_kit.lint.rules_ulysses import heads_split
+    from zero_kit.lint.rules_ulysses import sp_sizes
 
     shape = work.shape
     tries = [
         [
             (f"--sp {sp}", replace(work, sp=sp), hardware)
-            for sp in range(work.sp + 1, hardware.gpus_per_node + 1)
-            if hardware.gpus_per_node % sp == 0
-            and work.seq_len % sp == 0
-            and heads_split(shape.heads, shape.kv_heads, sp)
+            for sp in sp_sizes(shape.heads, shape.kv_heads, work.seq_len, hardware.gpus_per_node, above=work.sp)
         ],
         [("--tiled-compute", replace(work, tiled=True), hardware)] if not work.tiled else [],
         [

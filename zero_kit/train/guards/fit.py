@@ -186,16 +186,14 @@ def _long_sequence_candidates(view, checkpointing: list[bool]) -> list[Shape]:
     """For what a sequence's length costs: --tiled-compute (one more MLP and head forward), then --sp over more of a
     node's ranks (an all-to-all per attention layer; heads that Ulysses can split), each alone and with tiling,
     each also with activation checkpointing."""
-    from zero_kit.lint.rules_ulysses import heads_split
+    from zero_kit.lint.rules_ulysses import sp_sizes
 
     work, shape = view.workload, view.workload.shape
     changes = [] if work.tiled else [(("--tiled-compute",), {"tiled": True})]
-    for sp in range(work.sp + 1, view.ranks_per_node + 1):
-        fits = view.ranks_per_node % sp == 0 and work.seq_len % sp == 0
-        if fits and heads_split(shape.heads, shape.kv_heads, sp):
-            changes.append(((f"--sp {sp}",), {"sp": sp}))
-            if not work.tiled:
-                changes.append(((f"--sp {sp}", "--tiled-compute"), {"sp": sp, "tiled": True}))
+    for sp in sp_sizes(shape.heads, shape.kv_heads, work.seq_len, view.ranks_per_node, above=work.sp):
+        changes.append(((f"--sp {sp}",), {"sp": sp}))
+        if not work.tiled:
+            changes.append(((f"--sp {sp}", "--tiled-compute"), {"sp": sp, "tiled": True}))
     found = []
     for flags, change in changes:
         for ac in checkpointing:
