@@ -145,6 +145,24 @@ class Descendants:
         return left
 
 
+def assert_stopped_cleanly(
+    text: str, out: Path, step: int, code: int, last_line: str, left: list[str], pgid: int
+) -> str:
+    """The checks of a `zero-kit train` a signal stopped at `step` with exit `code`: no traceback, no process of the
+    job left (`left`: what `Descendants.alive` found; `pgid`: its session), and the last line, printed once, starts
+    with `last_line` and names the step, the code, the checkpoint left and the command that continues, which this
+    returns."""
+    assert "Traceback" not in text, text[-3000:]
+    assert left == [] and survivors(pgid) == [], f"outlived the command: {left}"
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines[-1].startswith(last_line), text[-3000:]
+    assert sum("zero-kit train: stopped by" in line or "zero-kit train: preempted" in line for line in lines) == 1
+    assert f" at step {step}, exit {code}; checkpoint left: {out / f'checkpoint-{step}'} (" in lines[-1], lines[-1]
+    command = lines[-1].split("; continue with: ")[1]
+    assert command.endswith(" --resume auto") and command.startswith("zero-kit train --nproc 2 "), command
+    return command
+
+
 def survivors(pgid: int, grace: float = 5.0) -> list[int]:
     """Live processes still in the process group `pgid` (a job's session leader's pid), after up to `grace` seconds
     for members already on their way out: a rank killed with SIGKILL leaves only once the kernel has freed its
