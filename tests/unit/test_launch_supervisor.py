@@ -7,6 +7,7 @@ watchdog's exit code, and no child outlives the supervisor."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -257,7 +258,7 @@ import os, signal, subprocess, sys, time
 from zero_kit.launch.supervisor import _launcher_setup
 child = "import pathlib, signal, sys, time; out = pathlib.Path(sys.argv[1]); "
 child += "signal.signal(signal.SIGTERM, lambda s, f: (out / 'term').write_text('') or sys.exit(0)); "
-child += "(out / 'ready').write_text(''); time.sleep(30)"
+child += "import os; (out / 'pid').write_text(str(os.getpid())); (out / 'ready').write_text(''); time.sleep(30)"
 subprocess.Popen([sys.executable, "-c", child, sys.argv[1]], preexec_fn=_launcher_setup(shield=True))
 while not os.path.exists(os.path.join(sys.argv[1], "ready")):
     time.sleep(0.01)
@@ -269,10 +270,18 @@ def test_a_launcher_gets_sigterm_when_the_process_that_started_it_dies(tmp_path)
     """The parent-death signal: after a kill -9 of the supervising process its launchers stop, not train on."""
     ended = subprocess.run([PY, "-c", ORPHANING, str(tmp_path)], timeout=30, check=False)
     assert ended.returncode == -signal.SIGKILL
-    deadline = time.monotonic() + 10
+    child = int((tmp_path / "pid").read_text())
+    deadline = time.monotonic() + 20
     while not (tmp_path / "term").exists() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert (tmp_path / "term").exists(), "the launcher did not get SIGTERM when its parent died"
+    status = ["gone"]
+    with contextlib.suppress(psutil.Error):
+        launcher = psutil.Process(child)
+        if str(tmp_path) in launcher.cmdline():  # not a reused pid: show what its state was, then end it
+            status = Path(f"/proc/{child}/status").read_text().splitlines()
+            status = [line for line in status if line.startswith(("State", "PPid", "Sig", "ShdPnd"))]
+            launcher.kill()
+    assert (tmp_path / "term").exists(), f"the launcher did not get SIGTERM when its parent died: {status}"
 
 
 DEAF_ONCE = """
