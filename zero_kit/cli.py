@@ -5,12 +5,9 @@ so that quick commands stay quick. Only this edge prints user errors and picks e
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib
-import logging
 import os
 import re
-import signal
 import sys
 
 from zero_kit import __version__
@@ -28,26 +25,31 @@ COMMANDS = {
 }
 
 
+WITHOUT_DEEPSPEED = {None, "config"}
+"""What never imports DeepSpeed: `zero-kit config`, and the top-level `--help` and `--version` (tests/unit/
+test_ds_config.py holds them to it)."""
+
 TAKES_SCRIPT_ARGS = {"validate"}
 """Commands that take the arguments of the user's own script after `--` (as `args.script_args`)."""
 
 
-class _DropCpuAcceleratorNotice(logging.Filter):
+def _drops_cpu_accelerator_notice(record) -> bool:
     """DeepSpeed warns "Setting accelerator to CPU. If you have GPU ..." each time it is imported on a host
     without a GPU (deepspeed/accelerator/real_accelerator.py). zero_kit's CPU runs are CPU on purpose and
     `zero-kit validate` runs on laptops, so the line is noise there; only that record is dropped, every other
     DeepSpeed message (also a wrong accelerator on a GPU host) still shows."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Setting accelerator to CPU")
+    return not str(record.msg).startswith("Setting accelerator to CPU")
 
 
 def quiet_cpu_accelerator_notice() -> None:
     """Install the filter on DeepSpeed's logger ("DeepSpeed", deepspeed/utils/logging.py); it must come before
-    the first `import deepspeed`, which logs the notice. Idempotent."""
+    the first `import deepspeed`, which logs the notice. Idempotent. `logging` is imported here: `zero-kit config`
+    and `--help` never import DeepSpeed and start faster without it."""
+    import logging
+
     logger = logging.getLogger("DeepSpeed")
-    if not any(isinstance(f, _DropCpuAcceleratorNotice) for f in logger.filters):
-        logger.addFilter(_DropCpuAcceleratorNotice())
+    if _drops_cpu_accelerator_notice not in logger.filters:
+        logger.addFilter(_drops_cpu_accelerator_notice)
 
 
 def _command_module(name: str):
@@ -70,6 +72,17 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.known_flags: list[str] = []  # set by build_parser: the flags of the command being parsed
+        # (action, dataclass, field) of zero_kit.options.add_dataclass_arguments: the help is the field's docstring,
+        # read from the source only when this parser prints its help
+        self.field_help: list[tuple[argparse.Action, type, str]] = []
+
+    def format_help(self) -> str:
+        from zero_kit.options import field_docs
+
+        for action, cls, name in self.field_help:
+            action.help = field_docs(cls).get(name, "") + (action.help or "")
+        self.field_help.clear()
+        return super().format_help()
 
     def error(self, message: str):
         self.print_usage(sys.stderr)
@@ -82,6 +95,8 @@ class Parser(argparse.ArgumentParser):
 
 def suggestion(message: str, flags: list[str]) -> str:
     """ "did you mean ..." for argparse's messages about an unknown flag or an invalid choice (difflib)."""
+    import difflib
+
     choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
     if choice:
         options = re.findall(r"'([^']*)'|([^\s,]+)", choice.group(2))
@@ -96,13 +111,16 @@ def suggestion(message: str, flags: list[str]) -> str:
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The full parser; with `only`, just that subcommand's arguments are registered (keeps start-up fast)."""
+    """The full parser; with `only`, just that subcommand (keeps start-up fast); with `only=""`, every command
+    without its arguments (the top-level help, `--version`, a mistyped command: no command module is imported)."""
     parser = Parser(
         prog="zero-kit", description=USER_HELP, epilog=HELP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"zero-kit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name, summary in COMMANDS.items():
+        if only and name != only:
+            continue  # argparse's parsers are not free (gettext looks for catalogues per parser): the one needed
         p = sub.add_parser(name, help=summary, description=summary)
         if only in (None, name):
             _command_module(name).add_arguments(p)
@@ -128,13 +146,14 @@ def strip_local_rank(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    quiet_cpu_accelerator_notice()
     argv = strip_local_rank(sys.argv[1:] if argv is None else argv)
     only = argv[0] if argv and argv[0] in COMMANDS else None
+    if only not in WITHOUT_DEEPSPEED:
+        quiet_cpu_accelerator_notice()
     after_dashes = None
     if only in TAKES_SCRIPT_ARGS and "--" in argv:  # verbatim for someone else's parser: argparse never sees them
         argv, after_dashes = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
-    parser = build_parser(only)
+    parser = build_parser(only or "")
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -150,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         # Ctrl-C before a run's ranks can stop on their own (start-up, an export). A terminal's Ctrl-C reaches a
         # rank twice (directly and forwarded by the supervisor): a second one must not cut this branch short.
+        import signal
+
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         if _speaks_for_the_job():
             print(f"zero-kit {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
@@ -179,8 +200,6 @@ def _speaks_for_the_job() -> bool:
 
 def console() -> None:
     """The `zero-kit` console script and `python -m zero_kit.cli` (what the launchers run on every rank)."""
-    from zero_kit.dist import exit_rank, is_multi_rank_process
-
     try:
         code = main()
     except SystemExit as done:  # argparse's usage errors
@@ -188,8 +207,11 @@ def console() -> None:
     except BrokenPipeError:  # output piped into `head` and friends, which stopped reading: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         code = 0
-    if is_multi_rank_process():
-        exit_rank(code)  # no interpreter teardown: see there
+    if "torch" in sys.modules:  # a rank (zero_kit.dist, socket and all, is no import for the quick commands)
+        from zero_kit.dist import exit_rank, is_multi_rank_process
+
+        if is_multi_rank_process():
+            exit_rank(code)  # no interpreter teardown: see there
     sys.exit(code)
 
 

@@ -4,7 +4,6 @@ path checks every command shares: a path it writes or reads is one line naming t
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,7 +56,7 @@ def write_probe(directory: Path) -> OSError | None:
     """Create and delete a file: the one test that also holds for root, read-only mounts, root-squashed NFS and
     /proc (os.access says yes to root everywhere). Leaves the directory's contents as they were; the name is
     unique per call, so ranks and threads probing one directory at once never meet."""
-    probe = directory / f".zero_kit_probe_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    probe = directory / f".zero_kit_probe_{os.getpid()}_{os.urandom(4).hex()}"
     try:
         probe.write_bytes(b"")
         probe.unlink()

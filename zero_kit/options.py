@@ -69,8 +69,10 @@ def _base_type(annotation: typing.Any) -> typing.Any:
 
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
-    """Add one `--flag-name` per field of `cls`; defaults are the dataclass defaults."""
-    docs = field_docs(cls)
+    """Add one `--flag-name` per field of `cls`; defaults are the dataclass defaults. The help is the field's
+    docstring: read now, or, on a parser with a `field_help` list (zero_kit.cli.Parser), when it prints its help."""
+    lazy = getattr(parser, "field_help", None)
+    docs = {} if lazy is not None else field_docs(cls)
     hints = typing.get_type_hints(cls, include_extras=True)
     for f in dataclasses.fields(cls):
         if f.name in skip or not f.init:
@@ -84,16 +86,20 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, *, skip:
         if typing.get_origin(kind) is typing.Annotated:  # Annotated[int, port]: the callable parses the flag
             kind = typing.get_args(kind)[1]
         if kind is bool:
-            parser.add_argument(
+            action = parser.add_argument(
                 flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_text
             )
         elif typing.get_origin(kind) is typing.Literal:
             choices = typing.get_args(kind)
-            parser.add_argument(
+            action = parser.add_argument(
                 flag, dest=f.name, choices=choices, type=type(choices[0]), default=default, help=help_text
             )
         else:
-            parser.add_argument(flag, dest=f.name, type=kind, default=default, metavar=f.name.upper(), help=help_text)
+            action = parser.add_argument(
+                flag, dest=f.name, type=kind, default=default, metavar=f.name.upper(), help=help_text
+            )
+        if lazy is not None:
+            lazy.append((action, cls, f.name))
 
 
 def dataclass_from_args(cls: type, args: argparse.Namespace, **overrides: typing.Any):

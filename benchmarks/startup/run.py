@@ -4,11 +4,15 @@ shape, and an A/B of threads per rank that justifies zero_kit's rule (cores / lo
     python -m benchmarks.startup.run stages                 # the default job and the ~0.4B shape, 2 CPU ranks
     python -m benchmarks.startup.run stages --jobs default --repeat 3
     python -m benchmarks.startup.run threads --pairs 3      # 2 ranks: 1 vs 2 threads each, alternating
+    python -m benchmarks.startup.run commands --pairs 30    # quick commands against `python -c pass`, alternating
 
 Each job is `zero-kit train --nproc 2 --stage 3 --max-steps 1 --no-export` (the ~0.4B one stops once the start-up
 record is written: the save of its 6.6 GB of ZeRO-3 state that follows is not start-up). The ~0.4B model is a random
 init saved once into --work (LlamaConfig below, the embedded tokenizer). Threads: a ~26M LLaMA shape trains
 --steps steps per run with OMP_NUM_THREADS=1 and =2 in turn; the figure is the mean step time after the first.
+Commands (issue 50): `zero-kit config`, `zero-kit --help` and `zero-kit config --help`, each run in turn with a bare
+`python -c pass` of the same interpreter; the figure is the median of the per-pair ratios (a pair shares the
+machine's mood), with both medians in seconds.
 Results go to results/<date>_<what>.json beside this file; README.md has the tables.
 """
 
@@ -16,7 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -98,12 +105,49 @@ def _step_time(log: Path) -> float | None:
     return round((steps[-1]["elapsed_s"] - steps[0]["elapsed_s"]) / (steps[-1]["step"] - steps[0]["step"]), 3)
 
 
+QUICK = {
+    "config": ["config", "--stage", "3", "--offload-optimizer", "cpu", "--hidden-size", "4096", "--world-size", "8"],
+    "--help": ["--help"],
+    "config --help": ["config", "--help"],
+}
+
+
+# Both sides may write and read their bytecode cache, as in a user's shell (a CI image may forbid it).
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def _wall(argv: list[str], cwd: Path) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, cwd=cwd, env=CHILD_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - start
+
+
+def commands(pairs: int, work: Path) -> dict:
+    """Each quick command against `python -c pass`, in alternation, after one warm-up of each (the bytecode
+    cache written, the files in the page cache)."""
+    script = shutil.which("zero-kit", path=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    bare = [sys.executable, "-c", "pass"]
+    out = {}
+    for name, args in QUICK.items():
+        argv = [script, *args] if name != "config" else [script, *args, "-o", str(work / "ds.json"), "--force"]
+        _wall(argv, work), _wall(bare, work)
+        times = [(_wall(argv, work), _wall(bare, work)) for _ in range(pairs)]
+        ratio = statistics.median(a / b for a, b in times)
+        out[name] = {"command": " ".join(["zero-kit", *args]), "pairs": pairs, "ratio_median": round(ratio, 2),
+                     "seconds_median": round(statistics.median(a for a, _ in times), 4),
+                     "bare_seconds_median": round(statistics.median(b for _, b in times), 4)}  # fmt: skip
+        print(f"{out[name]['command']}: {ratio:.2f}x python -c pass (median of {pairs} pairs; "
+              f"{out[name]['seconds_median'] * 1000:.0f} ms against {out[name]['bare_seconds_median'] * 1000:.0f} ms)",
+              flush=True)  # fmt: skip
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("stages", "threads"))
+    parser.add_argument("what", choices=("stages", "threads", "commands"))
     parser.add_argument("--jobs", default="default,llama-0.4b", help="stages: default, llama-0.4b, llama-0.4b+lora")
     parser.add_argument("--repeat", type=int, default=1, help="stages: runs per job")
-    parser.add_argument("--pairs", type=int, default=2, help="threads: A/B pairs")
+    parser.add_argument("--pairs", type=int, default=2, help="threads, commands: A/B pairs")
     parser.add_argument("--steps", type=int, default=8, help="threads: steps per run")
     parser.add_argument("--work", default="build/startup", help="model dirs and runs (deleted by hand)")
     parser.add_argument("--out", default=str(HERE / "results"))
@@ -113,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     record = {"environment": environment()}
     if args.what == "stages":
         record["stages"] = stages(args.jobs.split(","), args.repeat, work)
+    elif args.what == "commands":
+        record["commands"] = commands(args.pairs, work)
     else:
         record["threads"] = threads(args.pairs, args.steps, work)
     out = Path(args.out)

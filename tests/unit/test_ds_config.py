@@ -224,16 +224,31 @@ def test_bad_model_config_json_names_the_file(tmp_path, capsys):
     assert str(tmp_path / "config.json") in capsys.readouterr().err
 
 
-def test_config_command_imports_neither_torch_nor_deepspeed():
+QUICK_PATHS = {
+    # `zero-kit config` needs the generator and the lint rule book, nothing of a run
+    ("config", "--stage", "3", "--hidden-size", "64"): ("zero_kit.dist", "zero_kit.train", "zero_kit.launch"),
+    # the top-level help lists the commands: none of their modules
+    ("--help",): ("zero_kit.commands", "zero_kit.config", "zero_kit.train", "zero_kit.bench", "zero_kit.launch"),
+}
+
+
+@pytest.mark.parametrize("argv", list(QUICK_PATHS), ids=" ".join)
+def test_quick_commands_import_nothing_they_do_not_use(argv):
+    """The quick commands' start (issue 50; benchmarks/startup `commands` has the figures): no torch, DeepSpeed or
+    transformers, not the logging and socket modules the ranks' paths need, and no module of another command."""
     code = (
         "import sys, io, contextlib\n"
-        "from zero_kit.cli import main\n"
-        "with contextlib.redirect_stdout(io.StringIO()):\n"
-        "    assert main(['config', '--stage', '3', '--hidden-size', '64']) == 0\n"
-        "heavy = sorted(m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules)\n"
-        "assert not heavy, heavy\n"
+        f"sys.argv = ['zero-kit', *{list(argv)!r}]\n"
+        "from zero_kit.cli import console\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    console()\n"
+        "print(sorted(sys.modules))\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True)
+    loaded = eval(out.stdout)
+    unused = ("torch", "deepspeed", "transformers", "logging", "socket", *QUICK_PATHS[argv])
+    assert [m for m in loaded if m.split(".")[0] in unused or m.startswith(unused)] == []
+    assert ("zero_kit.commands.config" in loaded) == (argv[0] == "config")
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ the table knows is a rule with a flag form: tests/unit/test_rulebook.py walks ev
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -72,24 +73,31 @@ def _spellings() -> dict[str, str]:
     return names
 
 
-_NAMES = _spellings()
-# Not after "TrainingArguments ": the HF Trainer's own argument of the same name is no flag of ours.
-_NAME_RE = re.compile(
-    r"(?<![\w.\-])(?<!TrainingArguments )(" + "|".join(map(re.escape, sorted(_NAMES, key=len, reverse=True))) + r")\b"
-)
+@functools.cache
+def _patterns() -> tuple[dict[str, str], re.Pattern, re.Pattern]:
+    """The spellings and the two expressions that find them (compiled on the first message to translate: a config
+    the linter finds nothing in never pays for them)."""
+    names = _spellings()
+    alternatives = "|".join(map(re.escape, sorted(names, key=len, reverse=True)))
+    # Not after "TrainingArguments ": the HF Trainer's own argument of the same name is no flag of ours.
+    name_re = re.compile(r"(?<![\w.\-])(?<!TrainingArguments )(" + alternatives + r")\b")
+    snippet_re = re.compile(r'"(' + alternatives + r')":\s*(true\b)?')
+    return names, name_re, snippet_re
+
+
 _UNDER_RE = re.compile(r" under [\w.]+")  # where a key goes in the JSON: no meaning on the command line
 _DEVICE_RE = re.compile(r'\{"device": "(\w+)"\}')  # an offload section: its device is the flag's value
 _FLAG_TO_RE = re.compile(r'(--[a-z0-9-]+) to (?:"([^"]*)"|(\d[\d.]*))')
-_SNIPPET_RE = re.compile(r'"(' + "|".join(map(re.escape, sorted(_NAMES, key=len, reverse=True))) + r')":\s*(true\b)?')
 
 
 def in_flag_words(text: str) -> str:
     """`text` with the key paths the table knows replaced by their flags ("add "nvme_path": ..." -> "add --nvme-path
     ..."), so a fix written for JSON reads as one for the command line."""
-    text = _SNIPPET_RE.sub(lambda m: _NAMES[m.group(1)] + ("" if m.group(2) else " "), text)
+    names, name_re, snippet_re = _patterns()
+    text = snippet_re.sub(lambda m: names[m.group(1)] + ("" if m.group(2) else " "), text)
     text = _DEVICE_RE.sub(r"\1", _UNDER_RE.sub("", text))
     text = text.replace("remove the key", "drop the flag").replace("remove it", "drop it")
-    text = _NAME_RE.sub(lambda m: _NAMES[m.group(1)], text)
+    text = name_re.sub(lambda m: names[m.group(1)], text)
     # "set --stage to 3", '--offload-param to "none"', "disable --torch-autocast": as typed on the command line.
     return _FLAG_TO_RE.sub(lambda m: f"{m.group(1)} {m.group(2) or m.group(3)}", text).replace("disable --", "drop --")
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import logging
 import sys
 from collections.abc import KeysView
 from dataclasses import dataclass, field
@@ -158,6 +157,8 @@ class _FakeDist:
 @contextlib.contextmanager
 def quiet():
     """DeepSpeed logs warnings while parsing; a linter reports them as Problems instead."""
+    import logging
+
     logging.disable(logging.WARNING)
     try:
         with contextlib.redirect_stdout(io.StringIO()):

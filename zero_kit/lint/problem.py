@@ -3,7 +3,6 @@ the key-path helpers every rule module shares. No rules here, and nothing above 
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import re
@@ -106,6 +105,8 @@ def join(path: str, key: Any) -> str:
 
 def did_you_mean(key: Any, choices: Any) -> str:
     """A "did you mean" fix for an unknown key, or a list of the valid ones."""
+    import difflib
+
     choices = sorted({c for c in choices if isinstance(c, str)})
     match = difflib.get_close_matches(str(key), choices, n=1, cutoff=0.6)
     if match:
