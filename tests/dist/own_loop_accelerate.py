@@ -1,6 +1,7 @@
 """A user's own training loop under `accelerate launch`, as docs/own_script.md shows it: its own AdamW with two
 parameter groups, its own scheduler from transformers' `get_scheduler`, `accelerator.backward`, and a save through
-`unwrap_model`. No Trainer and no zero_kit import: the one line a CPU-only host needs is marked.
+`unwrap_model`. No Trainer and no zero_kit import: the one line a CPU-only host needs is marked, and the one that keeps DeepSpeed's
+unused shm op from starting (and leaving its buffers in /dev/shm).
 
 Writes into --output_dir: the saved model (safetensors), `rows_<rank>.json` (the rows this rank read, and the world
 it saw) and, on the main process, `losses.json` (the mean loss over ranks, per step). The parts it shares with the other
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import deepspeed.ops
 import torch
 from accelerate import Accelerator, InitProcessGroupKwargs
 from own_loop_parts import loop_arguments, numbered_rows, param_groups, step_batches, write_rows
@@ -25,6 +27,7 @@ def main() -> None:
     args = parser.parse_args()
 
     on_cpu = [] if torch.cuda.is_available() else [InitProcessGroupKwargs(backend="gloo")]  # the CPU line
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no unused shm op, nothing left in /dev/shm
     accelerator = Accelerator(kwargs_handlers=on_cpu)
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     model = AutoModelForCausalLM.from_pretrained(args.model_dir)  # ZeRO-3: built sharded (the YAML's zero3_init)

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 import deepspeed
+import deepspeed.ops
 import torch
 from deepspeed.ops.adam import DeepSpeedCPUAdam
 from own_loop_parts import loop_arguments, numbered_rows, param_groups, step_batches, write_rows
@@ -34,6 +35,7 @@ def main() -> None:
     parser = deepspeed.add_config_arguments(parser)  # --deepspeed_config FILE
     args = parser.parse_args()
 
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no unused shm op, nothing left in /dev/shm
     deepspeed.init_distributed()  # before the model: ZeRO-3's zero.Init must count every rank
     for config_file, output_dir in [(args.deepspeed_config, args.output_dir), *args.then]:
         train(args, json.loads(Path(config_file).read_text()), Path(output_dir))

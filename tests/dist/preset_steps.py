@@ -17,6 +17,7 @@ import deepspeed
 import torch
 
 from zero_kit.dist import end_process_group, exit_rank
+from zero_kit.launch.ops import skip_shm_op
 from zero_kit.model import tiny_llama_config
 
 
@@ -28,6 +29,7 @@ def main() -> None:
     parser.add_argument("--local_rank", type=int, default=0)  # appended by the deepspeed launcher
     args = parser.parse_args()
 
+    skip_shm_op()  # what zero-kit's ranks do: no unused shm op, nothing left in /dev/shm
     deepspeed.init_distributed(dist_backend="gloo")
     for path in args.config:
         result = _steps(path, args.steps)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobs import VENV_BIN, run, zero_kit
+from tests.support.jobs import VENV_BIN, run, shm_left, zero_kit
 from tests.support.runs import assert_saved, tiny_model_dir
 
 pytestmark = pytest.mark.dist
@@ -78,6 +78,8 @@ def launched(request, tmp_path_factory, model_dir) -> tuple[str, dict[str, tuple
     script = HERE / f"own_loop_{launcher}.py"
     configs = [str(cfg) for cfg, _ in runs.values()]
     checked = run(zero_kit("validate", *configs, "--for", launcher, "--script", str(script), "--world-size", "2"))
+    left = shm_left(*(ACCELERATE_PORTS.values() if launcher == "accelerate" else [DEEPSPEED_PORT]))
+    assert left == [], f"the loop's one line did not keep DeepSpeed's shm op from leaving {left}"
     return launcher, runs, checked.stdout
 
 

@@ -19,8 +19,9 @@ from pathlib import Path
 import deepspeed
 import torch
 
-from zero_kit.model import count_parameters, load_model
 from zero_kit.dist import end_process_group, exit_rank
+from zero_kit.launch.ops import skip_shm_op
+from zero_kit.model import count_parameters, load_model
 
 
 def checksum(model) -> list[float]:
@@ -50,6 +51,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--local_rank", type=int, default=0)
     args = parser.parse_args()
+    skip_shm_op()  # what zero-kit's ranks do: no unused shm op, nothing left in /dev/shm
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     saved = Path(args.out, "saved")

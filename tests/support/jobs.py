@@ -97,6 +97,12 @@ def start(argv: list[str], log: Path, *, cwd: Path | None = None, env: dict | No
     return Job(proc, log, reap)
 
 
+def shm_left(*ports: int | str) -> list[Path]:
+    """DeepSpeed's shm all-reduce workspaces a launch on these master ports left in /dev/shm (the op names them by
+    user, address, port and rank: zero_kit.launch.ops.shm_buffer). Empty where the shm op was kept from starting."""
+    return [path for port in ports for path in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*")]
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL every process of the job's session (launcher and ranks): what an OOM killer or a node loss does."""
     with contextlib.suppress(ProcessLookupError):
