@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobs import VENV_BIN, env, run, zero_kit
+from tests.support.jobs import VENV_BIN, env, run, shm_left, zero_kit
 from tests.support.runs import assert_saved, tiny_model_dir
 
 # serial: a rank of `trl sft` on ZeRO-3 aborts at exit ("terminate called without an active exception", after
@@ -55,6 +55,16 @@ TRAINING_ARGS = [
 TORCH_EXIT_ABORT = "terminate called without an active exception"
 # The Trainer's log line, printed by rank 0: {'loss': 7.5, ...} (transformers 4) or {'loss': '7.548', ...} (5).
 LOG_VALUE = r"'{}': '?([-+0-9.eE]+)"
+
+
+@pytest.fixture(autouse=True)
+def _no_shm_left():
+    """These clients never import zero_kit, so DeepSpeed's unused shm op starts in their ranks and leaves ranks x
+    66 MB in /dev/shm (docs/training.md says so, and the line that prevents it): the test removes what its ports
+    left, as a rig removes its daemons."""
+    yield
+    for path in shm_left(*PORTS.values(), 29667, *SP_PORTS.values()):
+        path.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
