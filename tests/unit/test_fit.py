@@ -220,3 +220,25 @@ def test_a_long_sequence_that_does_not_fit_is_offered_sequence_parallelism_and_t
         flag = words.pop(0).removeprefix("--").replace("-", "_")
         changes[flag] = int(words.pop(0)) if flag == "sp" else True
     assert fit.before_launch(_plan(replace(opts, **changes)), speak=False).startswith("planned peak")
+
+
+CAP_STUDY = {(1, False): (23552, 24832), (2, True): (52224, 55296)}
+"""benchmarks/long_sequences' cap study under a 4 GiB `ulimit -v`: (sp, tiled) -> (the longest length that trained,
+the next length tried, which failed)."""
+
+
+@pytest.mark.parametrize(("sp", "tiled"), list(CAP_STUDY))
+def test_the_guard_lets_train_what_trained_under_a_cap_and_not_much_more(sp, tiled, tmp_path):
+    """The CPU terms against the measured limits of unpacked rows: the longest length that trained is let through
+    (a false refusal costs the user the run), and the guard's own limit is within 15% of it."""
+    from transformers import LlamaConfig
+
+    from benchmarks.long_sequences.cap import planned_longest
+
+    LlamaConfig(vocab_size=1823, hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=262144,
+                tie_word_embeddings=False).to_json_file(tmp_path / "config.json")  # fmt: skip
+    trained, failed = CAP_STUDY[sp, tiled]
+    longest = planned_longest(tmp_path, sp, tiled, 4 * GIB, 256 * sp)
+    assert trained * 0.85 <= longest <= trained * 1.15 and longest < failed, (longest, trained)
+    assert longest >= trained * 0.94, "refuses a length about as long as one that trained"

@@ -34,6 +34,10 @@ class Workload:
         """Sequences per rank in one forward pass: the micro batch, twice that for preference pairs."""
         return self.micro_batch * (2 if self.preference else 1)
 
+    packed: bool = False
+    """Rows packed to seq_len (`--pack`): attention gets each packed row's document mask (the CPU ranks' memory
+    check charges what CPU attention holds for it, zero_kit.train.guards.fit.cpu_scores_bytes)."""
+
     tiled: bool = False
     """DeepSpeed's tiled MLP and tiled logits-loss (`--tiled-compute`): the MLP's intermediate tensors and the fp32
     logits exist for one slice of the sequence at a time (`tile_slices`); the MLP saves only its input."""

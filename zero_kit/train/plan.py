@@ -368,6 +368,7 @@ def workload_of(opts: TrainOptions, precision: str, shape: LlamaShape | None = N
         activation_checkpointing=opts.activation_checkpointing,
         preference=opts.method == "dpo",  # two sequences per pair and the reference: the memory check counts them
         sp=opts.sp,
+        packed=opts.pack,
         tiled=opts.tiled_compute,
     )
 

@@ -31,6 +31,7 @@ from zero_kit.train.options import TrainOptions
 from zero_kit.train.plan import model_config_dict
 
 WARN_FRACTION = 0.9
+"""A planned peak above this fraction of the limit is said as a warning: the plan is an estimate, not a bound."""
 CPU_RANK_BASELINE_GIB = 0.9
 """Host RAM of a CPU rank before its model: Python, torch, transformers, DeepSpeed, the tokenizer and the data
 pipeline: what a one-rank run holds beyond the planner's terms, 0.73-0.88 GiB at 512-4096 tokens
@@ -40,10 +41,14 @@ ADDRESS_SPACE_OVERHEAD_GIB = 1.6
 counts it, the planner's peak (resident bytes) does not. Measured: after importing torch, transformers, DeepSpeed
 and datasets, 1.89 GiB mapped against 0.34 GiB resident."""
 CPU_SCORE_BYTES = 4
-"""Bytes per attention score on the CPU: torch's CPU attention for the collator's mask materialises one layer's
-fp32 scores at a time (micro x heads x s^2 x 4; benchmarks/plan_rss: the measured peak grows with s^2 at that rate,
-where a GPU's flash kernels hold none)."""
-"""A planned peak above this fraction of the limit is said as a warning: the plan is an estimate, not a bound."""
+"""Packed rows (`--pack`), bytes per attention score on the CPU: torch's CPU attention for the packing collator's
+mask materialises one layer's fp32 scores at a time (micro x heads x s^2 x 4; benchmarks/plan_rss: the measured
+peak grows with s^2 at that rate, where a GPU's flash kernels hold none)."""
+CPU_MASK_BYTES = 1
+"""Rows not packed, bytes per element of the boolean attention mask each sequence gets (s x s; under sequence
+parallelism s / sp x s per rank); CPU attention then holds no scores. Measured by benchmarks/long_sequences' cap
+study: with this term the guard's longest sequence under a 4 GiB `ulimit -v` is the longest that trained, 23,552
+tokens on one rank and 49,152 with --sp 2 --tiled-compute (with the fp32 scores it said 8,448 and 13,312)."""
 
 
 # --- the sequence against the model ------------------------------------------------------------------------------
@@ -121,9 +126,13 @@ def rank_peak(view, on_gpu: bool) -> int:
 
 
 def cpu_scores_bytes(work) -> int:
-    """One layer's attention scores as CPU attention holds them (CPU_SCORE_BYTES); under sequence parallelism a
-    rank attends over the whole sequence with heads / sp of the heads."""
-    return work.micro_batch * work.shape.heads * work.seq_len**2 * CPU_SCORE_BYTES // work.sp
+    """What CPU attention holds for one layer beyond the planner's terms, by the mask it gets: packed rows, the
+    layer's fp32 scores (CPU_SCORE_BYTES; under sequence parallelism a rank attends over the whole sequence with
+    heads / sp of the heads); rows not packed, each sequence's boolean mask (CPU_MASK_BYTES), for the rank's
+    s / sp queries over the whole sequence."""
+    if work.packed:
+        return work.sequences * work.shape.heads * work.seq_len**2 * CPU_SCORE_BYTES // work.sp
+    return work.sequences * work.seq_len**2 * CPU_MASK_BYTES // work.sp
 
 
 def _strategy_info(strategy: str, offload: str):
