@@ -242,3 +242,23 @@ def test_the_guard_lets_train_what_trained_under_a_cap_and_not_much_more(sp, til
     longest = planned_longest(tmp_path, sp, tiled, 4 * GIB, 256 * sp)
     assert trained * 0.85 <= longest <= trained * 1.15 and longest < failed, (longest, trained)
     assert longest >= trained * 0.94, "refuses a length about as long as one that trained"
+
+
+def test_the_fix_for_a_rank_capped_run_keeps_whole_sp_groups_and_never_drops_ranks(tmp_path, monkeypatch):
+    """Under `ulimit -v` each rank has its own cap: fewer ranks on the host lift none of it, and under --sp N a rank
+    count that is not a multiple of N is no run at all. The out-of-memory report of the cap study's two-rank failure
+    said `fix: --nproc 1`; now a flag set that lowers a rank's own peak."""
+    from transformers import LlamaConfig
+
+    from zero_kit.train.plan import Host, plan_run
+
+    LlamaConfig(vocab_size=1823, hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=262144,
+                tie_word_embeddings=False).to_json_file(tmp_path / "config.json")  # fmt: skip
+    opts = TrainOptions(model=str(tmp_path), max_length=55296, micro_batch=1, stage=3, sp=2, tiled_compute=True,
+                        nproc=2, precision="fp32")  # fmt: skip
+    view = fit.cpu_view(plan_run(opts, {}, Host(on_gpu=False, bf16_supported=False)))
+    assert all(shape.ranks % 2 == 0 for shape in fit.candidates(view, opts, on_gpu=False))
+    monkeypatch.setattr(fit, "rank_cap_bytes", lambda: 4 * GIB)
+    _, fix = fit.plan_and_fix(view, opts, on_gpu=False)
+    assert "--nproc" not in fix, fix

@@ -24,19 +24,30 @@ LAUNCHER_LINE = re.compile(
 """A DeepSpeed logger line of the launcher's own modules, at INFO or WARNING (deepspeed/utils/logging.py's format)."""
 
 
+FAILED = re.compile(r"^zero-kit \w+: error: ")
+"""A rank's own line for why it stopped (zero_kit's errors: out of memory, a full disk, a diverged loss)."""
+AFTERMATH = re.compile(r"^\[rank\d+\]:")
+"""torch's prefix on the lines of a rank's uncaught exception. After a rank said why it stopped, its peers' are the
+consequence (gloo's "Connection closed by peer" in the collective they were in): the log keeps them, the terminal
+ends on the cause."""
+
+
 def is_chatter(line: str) -> bool:
     return LAUNCHER_LINE.match(line) is not None
 
 
 class RunLog:
     """The lines of a launch (`output()` for zero_kit.launch.supervise): each one appended to `path`, and written
-    to this process's stdout or stderr unless it is the launcher's chatter (all of them when `verbose`)."""
+    to this process's stdout or stderr unless it is the launcher's chatter or, once a rank said why it stopped, the
+    other ranks' tracebacks (`aftermath` counts those; all lines reach the terminal when `verbose`)."""
 
     def __init__(self, path: Path, verbose: bool = False) -> None:
         self.path, self.verbose = path, verbose
         self.lock = threading.Lock()
         self.handle = None
         self.hidden = 0
+        self.failed = False
+        self.aftermath = 0
 
     def output(self) -> Output:
         return Output(
@@ -46,8 +57,12 @@ class RunLog:
     def line(self, line: str, terminal) -> None:
         with self.lock:
             self._log(line)
+            self.failed = self.failed or FAILED.match(line) is not None
             if is_chatter(line) and not self.verbose:
                 self.hidden += 1
+                return
+            if self.failed and AFTERMATH.match(line) and not self.verbose:
+                self.aftermath += 1
                 return
             terminal.write(line)
             terminal.flush()

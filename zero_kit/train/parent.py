@@ -128,6 +128,8 @@ def relaunch(plan: RunPlan, clock: startup.StartupClock, argv: list[str] | None 
                             name="zero-kit train", memory_note=memory_note, output=lines.output())  # fmt: skip
     finally:
         lines.close()
+    if lines.aftermath:
+        warn(f"zero-kit train: the other ranks' {lines.aftermath} lines of errors that followed are in {lines.path}")
     # What the user did decides, not the ranks' and launchers' own codes; a signal sent to one rank only (its stop is
     # every rank's, which then exit 130 or 75) is said the same way. The line is said once, after every process ended.
     signum = outcome.signal or stopping.signal_of(outcome.exit_code)

@@ -187,7 +187,8 @@ def candidates(view, opts: TrainOptions, on_gpu: bool) -> list[Shape]:
     found += _long_sequence_candidates(view, checkpointing)
     if not on_gpu and opts.nproc and view.ranks_per_node > 1:
         for ranks in range(view.ranks_per_node - 1, 0, -1):
-            found.append(Shape((f"--nproc {ranks}",), dataclasses.replace(view, ranks_per_node=ranks), ranks))
+            if ranks % work.sp == 0:  # whole sequence-parallel groups
+                found.append(Shape((f"--nproc {ranks}",), dataclasses.replace(view, ranks_per_node=ranks), ranks))
     return found
 
 
@@ -212,11 +213,14 @@ def _long_sequence_candidates(view, checkpointing: list[bool]) -> list[Shape]:
     return found
 
 
-def cheapest_fix(view, opts: TrainOptions, on_gpu: bool, limit: int) -> tuple[Shape, int] | None:
-    """The first candidate whose planned peak (per GPU, or per rank x ranks on this host) is within `limit`."""
+def cheapest_fix(view, opts: TrainOptions, on_gpu: bool, limit: int, rank_limit: int | None = None
+                 ) -> tuple[Shape, int] | None:  # fmt: skip
+    """The first candidate whose planned peak (per GPU, or per rank x ranks on this host) is within `limit`, and
+    per rank within `rank_limit` where each rank has a cap of its own (RLIMIT_AS: fewer ranks do not lift it)."""
     for shape in candidates(view, opts, on_gpu):
-        need = rank_peak(shape.view, on_gpu) * (1 if on_gpu else shape.ranks)
-        if need <= limit:
+        peak = rank_peak(shape.view, on_gpu)
+        need = peak * (1 if on_gpu else shape.ranks)
+        if need <= limit and (rank_limit is None or peak <= rank_limit):
             return shape, need
     return None
 
@@ -224,25 +228,33 @@ def cheapest_fix(view, opts: TrainOptions, on_gpu: bool, limit: int) -> tuple[Sh
 # --- the checks ---------------------------------------------------------------------------------------------------
 
 
+def rank_cap_bytes() -> int | None:
+    """What a CPU rank may hold under this process's address space cap (RLIMIT_AS, `ulimit -v`, which each rank
+    inherits): the cap less what a rank maps beyond what it holds. None without a cap."""
+    import resource
+
+    cap = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return None if cap == resource.RLIM_INFINITY else max(cap - int(ADDRESS_SPACE_OVERHEAD_GIB * GIB), 0)
+
+
 def available_host_bytes(ranks: int) -> tuple[int, str]:
     """What `ranks` CPU ranks on this host can have now, and what that figure is: psutil's available RAM (what a
     new process gets without swapping), or ZERO_KIT_HOST_MEM_BYTES; and where this process runs under an address
-    space cap (RLIMIT_AS, `ulimit -v`), which each rank inherits, at most that cap per rank."""
-    import resource
-
+    space cap (RLIMIT_AS, `ulimit -v`), which each rank inherits, at most that cap per rank (`rank_cap_bytes`)."""
     if os.environ.get(HOST_MEM_ENV):
         have, where = host_mem_bytes(), f"host RAM ({HOST_MEM_ENV})"
     else:
         import psutil
 
         have, where = psutil.virtual_memory().available, "available host RAM"
-    cap = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if cap != resource.RLIM_INFINITY:
-        usable = max(cap - int(ADDRESS_SPACE_OVERHEAD_GIB * GIB), 0)
-        if usable * ranks < have:
-            have = usable * ranks
-            where = (f"RLIMIT_AS (ulimit -v) {gib(cap, 2)} per rank, less {ADDRESS_SPACE_OVERHEAD_GIB:g} GiB a rank maps"
-                     f" beyond what it holds, x {ranks}")  # fmt: skip
+    usable = rank_cap_bytes()
+    if usable is not None and usable * ranks < have:
+        import resource
+
+        cap = resource.getrlimit(resource.RLIMIT_AS)[0]
+        have = usable * ranks
+        where = (f"RLIMIT_AS (ulimit -v) {gib(cap, 2)} per rank, less {ADDRESS_SPACE_OVERHEAD_GIB:g} GiB a rank maps"
+                 f" beyond what it holds, x {ranks}")  # fmt: skip
     return have, where
 
 
@@ -255,9 +267,9 @@ def judge(view, opts: TrainOptions, on_gpu: bool, available: int, where: str) ->
     unit = "per GPU" if on_gpu else f"per rank x {ranks} rank(s) on this host"
     said = f"planned peak {gib(per_rank, 2)} {unit} = {gib(need, 2)} vs {gib(available, 2)} {where}"
     if need > available:
-        fix = cheapest_fix(view, opts, on_gpu, int(available * WARN_FRACTION)) or cheapest_fix(
-            view, opts, on_gpu, available
-        )
+        cap = None if on_gpu else rank_cap_bytes()
+        fix = cheapest_fix(view, opts, on_gpu, int(available * WARN_FRACTION), cap and int(cap * WARN_FRACTION))
+        fix = fix or cheapest_fix(view, opts, on_gpu, available, cap)
         shape = (
             f"--max-length {opts.max_length}, --micro-batch {view.workload.micro_batch}, {view.strategy}, offload "
             f"{view.offload}, activation checkpointing {'on' if view.workload.activation_checkpointing else 'off'}"
@@ -305,8 +317,9 @@ def plan_and_fix(view, opts: TrainOptions, on_gpu: bool) -> tuple[int, str]:
     was low)."""
     per_rank = rank_peak(view, on_gpu)
     ranks = 1 if on_gpu else view.ranks_per_node
-    fix = cheapest_fix(view, opts, on_gpu, int(per_rank * ranks * 0.75))
-    return per_rank, " ".join(fix[0].flags) if fix else "a shorter --max-length or fewer ranks per host (--nproc)"
+    capped = not on_gpu and rank_cap_bytes() is not None  # each rank ran out of its own cap: fewer do not help
+    fix = cheapest_fix(view, opts, on_gpu, int(per_rank * ranks * 0.75), int(per_rank * 0.75) if capped else None)
+    return per_rank, " ".join(fix[0].flags) if fix else "a shorter --max-length"
 
 
 def memory_note(view, opts: TrainOptions, on_gpu: bool) -> str:
