@@ -48,3 +48,19 @@ def test_the_filter_drops_only_that_record():
     assert not logger.filter(record(NOTICE + ". If you have GPU or other accelerator, we were unable to detect it."))
     assert logger.filter(record("Setting ds_accelerator to cuda (auto detect)"))
     assert logger.filter(record("some other DeepSpeed warning"))
+
+
+def test_a_row_longer_than_the_tokenizers_own_maximum_gets_no_tokenizer_warning():
+    """The shipped tokenizer says model_max_length 512; a --max-length 4096 run's rows are longer, and transformers
+    warned "Token indices sequence length is longer than the specified maximum" for each data preparation. zero-kit
+    judges the length itself (a row over --max-length is an error naming it, or counted with --skip-bad)."""
+    code = (
+        "from zero_kit.model import load_tokenizer\n"
+        "from zero_kit.data.formats import tokenize_texts\n"
+        "from zero_kit.data.preference import tokenize_pairs\n"
+        "tokenizer = load_tokenizer(None)\n"
+        "assert len(tokenize_texts(tokenizer, ['word ' * 3000], with_offsets=True)[0].ids) > 512\n"
+        "tokenize_pairs([{'prompt': 'word ' * 3000, 'chosen': 'a', 'rejected': 'b'}], [False], tokenizer)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0 and "longer than the specified maximum" not in proc.stderr, proc.stderr

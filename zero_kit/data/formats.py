@@ -198,7 +198,8 @@ def tokenize_texts(tokenizer, texts: list[str], with_offsets: bool) -> list[Enco
     """One batched call for many texts; specials come from the format, never from the tokenizer."""
     if not texts:
         return []
-    out = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=with_offsets)
+    # verbose=False: not the tokenizer's "longer than the specified maximum" warning: `finish` judges the length
+    out = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=with_offsets, verbose=False)
     offsets = out["offset_mapping"] if with_offsets else [[]] * len(texts)
     return [Encoded(list(ids), list(spans)) for ids, spans in zip(out["input_ids"], offsets, strict=True)]
 

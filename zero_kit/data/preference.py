@@ -117,7 +117,7 @@ def _render(tokenizer, messages: list, generation: bool = False) -> list[int]:
 def tokenize_pairs(rows: list[dict], conversational: list[bool], tokenizer) -> list:
     """(prompt_ids, chosen_ids, rejected_ids), or BadRow, for each checked row, as TRL tokenizes it."""
     plain = [row for row, chat in zip(rows, conversational, strict=True) if not chat]
-    encoded = iter(tokenizer(_texts(plain, tokenizer.eos_token))["input_ids"]) if plain else iter(())
+    encoded = iter(tokenizer(_texts(plain, tokenizer.eos_token), verbose=False)["input_ids"]) if plain else iter(())
     results = []
     for row, chat in zip(rows, conversational, strict=True):
         try:
