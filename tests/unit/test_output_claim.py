@@ -15,10 +15,12 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from tests.support import docs
 from zero_kit.checkpoints import claim, store
 from zero_kit.errors import EXIT_PREEMPTED, UserError
 from zero_kit.export.checks import live_run_checkpoint
@@ -81,6 +83,11 @@ def test_the_refusal_names_the_slurm_job_and_scancel(tmp_path):
     line = str(claim.refusal(tmp_path, holder, time.time()))
     assert "pid 4242 on elsewhere, Slurm job 777 restart 2" in line
     assert "`kill 4242` on elsewhere or `scancel 777`" in line
+    on_node1 = claim.refusal(
+        Path("out"), _plant(tmp_path / "node1", beat_age_s=3, host="node1", job_id="777"), time.time()
+    )
+    sample = docs.covered("in-use").text  # docs/training.md's, its time of day and heartbeat age any number
+    assert docs.missing_lines(sample, f"zero-kit train: error: {on_node1}", shape=True) == []
 
 
 _HOLDER = """

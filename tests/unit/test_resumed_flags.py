@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support import docs
 from zero_kit.checkpoints import store
 from zero_kit.train.options import TrainOptions
 from zero_kit.train.resume import announce_changes, apply_resumed_schedule, change_line, changes
@@ -31,6 +32,7 @@ def test_each_changed_flag_is_named_with_the_value_used():
     assert "\n" not in line and "resuming out/checkpoint-10 with flags that differ from its run: " in line
     assert "--lr 0.001 -> 0.01; --lr-scheduler cosine -> constant; --max-steps 10 -> 20" in line
     assert "used from step 11 on" in line
+    assert docs.covered("resume-diff").text.strip() == line  # docs/training.md's sample
 
 
 def test_the_same_flags_and_the_default_lr_spelled_out_are_no_change():
