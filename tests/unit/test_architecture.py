@@ -6,7 +6,10 @@ lines. Files are cut by concept, not by length (docs/ARCHITECTURE.md, "One folde
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+from tests.support import docs
 
 PACKAGE = Path(__file__).resolve().parents[2] / "zero_kit"
 # Bottom to top: a unit may import units of its own layer or below, never above (cli and commands are the edge).
@@ -165,3 +168,18 @@ def _functions_over(limit: int) -> list[str]:
 def test_no_function_over_60_lines():
     long = _functions_over(60)
     assert not long, f"split by responsibility (house style: functions <= 60 lines): {long}"
+
+
+def test_the_layout_in_architecture_md_names_what_is_there():
+    """docs/ARCHITECTURE.md's tree (the block `covered layout`): every package and module of zero_kit/, every module
+    and folder of train/ and of its sub-folders is named in it, and every folder it names exists."""
+    tree = docs.covered("layout").text
+    named = set(re.findall(r"\b\w+\b", tree))
+    code = PACKAGE
+    wanted = [p for p in code.iterdir() if (p / "__init__.py").is_file() or p.suffix == ".py"]
+    wanted += [p for p in (code / "train").rglob("*") if (p.suffix == ".py" or (p / "__init__.py").is_file())]
+    missing = sorted({str(p.relative_to(code)) for p in wanted if p.stem not in named and p.name != "__init__.py"})
+    assert missing == [], f"not in docs/ARCHITECTURE.md's layout: {missing}"
+    folders = re.findall(r"^\s*(\w+)/", tree, flags=re.MULTILINE)
+    gone = [name for name in folders if not any((base / name).is_dir() for base in (code.parent, code, code / "train"))]
+    assert gone == [], f"docs/ARCHITECTURE.md's layout names folders that are not there: {gone}"
