@@ -97,8 +97,9 @@ def _after_run(block: docs.Block) -> bool:
 def _zero_kit_argv(line: str) -> list[str] | None:
     """The zero-kit arguments of a documented command line, also under a launcher (`-m zero_kit.cli ...`); None for
     a line zero-kit printed (`zero-kit train: ...`, a covered sample)."""
-    if re.match(r"zero-kit [\w-]+: ", line):
-        return None
+    command = re.sub(r"^(\w+=\S*\s+)*", "", line)
+    if re.match(r"zero-kit [\w-]+: ", command) or command.split(" ", 1)[0] not in ("zero-kit", *LAUNCHERS):
+        return None  # a line zero-kit printed, or no command of zero-kit's (a covered sample, a tree)
     words = shlex.split(line, comments=True)
     while words and re.fullmatch(r"\w+=\S*", words[0]):  # VAR=value before the command
         words = words[1:]
