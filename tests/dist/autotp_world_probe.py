@@ -6,6 +6,9 @@ import sys
 import deepspeed
 from deepspeed.utils import groups
 
+from zero_kit.launch.ops import skip_shm_op
+
+skip_shm_op()  # what zero-kit's ranks do: no unused shm op, nothing left in /dev/shm
 deepspeed.init_distributed("gloo")
 groups._init_tp_mesh_device(tensor_model_parallel_size=int(sys.argv[-1]))
 tp_ranks = deepspeed.comm.get_world_size(group=groups.get_tensor_model_parallel_group())

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from zero_kit.dist import end_process_group, exit_rank
+from zero_kit.launch.ops import skip_shm_op
 
 
 def run_rank(probe: Callable[[str, Path], dict]) -> None:
@@ -27,6 +28,7 @@ def run_rank(probe: Callable[[str, Path], dict]) -> None:
     parser.add_argument("--local_rank", type=int, default=0)
     cli = parser.parse_args()
     out = Path(cli.out)
+    skip_shm_op()  # what zero-kit's ranks do: no unused shm op, nothing left in /dev/shm
     record = probe(cli.config, out)
     (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps(record, indent=1))
     end_process_group(finished=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobs import env
+from tests.support.jobs import env, shm_left
 from zero_kit.cli import main
 from zero_kit.config.presets import PRESETS_DIR
 from zero_kit.dist import free_port
@@ -25,10 +25,12 @@ WORLD = 2
 def test_cpu_traps_happen_and_validate_names_them(tmp_path, capsys, monkeypatch):
     config = PRESETS_DIR / "hf_zero2.json"
     deepspeed = Path(sys.executable).with_name("deepspeed")
-    cmd = [str(deepspeed), "--num_gpus", str(WORLD), "--master_port", str(free_port()), str(PROBE)]
+    port = free_port()
+    cmd = [str(deepspeed), "--num_gpus", str(WORLD), "--master_port", str(port), str(PROBE)]
     cmd += ["--config", str(config), "--out", str(tmp_path)]
     done = subprocess.run(cmd, env=env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert shm_left(port) == []  # rank_probe keeps DeepSpeed's unused shm op from starting, as zero-kit's ranks do
     for rank in range(WORLD):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())
         without = record["without_use_cpu"]
