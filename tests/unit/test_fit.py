@@ -227,38 +227,38 @@ CAP_STUDY = {(1, False): (23552, 24832), (2, True): (52224, 55296)}
 the next length tried, which failed)."""
 
 
+@pytest.fixture(scope="module")
+def cap_study_model(tmp_path_factory) -> Path:
+    """The cap study's model directory, built as the study builds it (benchmarks/long_sequences/cap.py)."""
+    from benchmarks.long_sequences.cap import CONTEXT
+    from benchmarks.long_sequences.memory import SHAPE
+    from benchmarks.plan_rss.run import model_dir
+
+    return model_dir(tmp_path_factory.mktemp("cap_study"), {**SHAPE, "max_position_embeddings": CONTEXT})
+
+
 @pytest.mark.parametrize(("sp", "tiled"), list(CAP_STUDY))
-def test_the_guard_lets_train_what_trained_under_a_cap_and_not_much_more(sp, tiled, tmp_path):
+def test_the_guard_lets_train_what_trained_under_a_cap_and_not_much_more(sp, tiled, cap_study_model):
     """The CPU terms against the measured limits of unpacked rows: the longest length that trained is let through
     (a false refusal costs the user the run), and the guard's own limit is within 15% of it."""
-    from transformers import LlamaConfig
-
     from benchmarks.long_sequences.cap import planned_longest
 
-    LlamaConfig(vocab_size=1823, hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=262144,
-                tie_word_embeddings=False).to_json_file(tmp_path / "config.json")  # fmt: skip
     trained, failed = CAP_STUDY[sp, tiled]
-    longest = planned_longest(tmp_path, sp, tiled, 4 * GIB, 256 * sp)
+    longest = planned_longest(cap_study_model, sp, tiled, 4 * GIB, 256 * sp)
     assert trained * 0.85 <= longest <= trained * 1.15 and longest < failed, (longest, trained)
     assert longest >= trained * 0.94, "refuses a length about as long as one that trained"
 
 
-def test_the_fix_for_a_rank_capped_run_keeps_whole_sp_groups_and_never_drops_ranks(tmp_path, monkeypatch):
+def test_the_fix_for_a_rank_capped_run_keeps_whole_sp_groups_and_never_drops_ranks(cap_study_model, monkeypatch):
     """Under `ulimit -v` each rank has its own cap: fewer ranks on the host lift none of it, and under --sp N a rank
     count that is not a multiple of N is no run at all. The out-of-memory report of the cap study's two-rank failure
     said `fix: --nproc 1`; now a flag set that lowers a rank's own peak."""
-    from transformers import LlamaConfig
-
     from zero_kit.train.plan import Host, plan_run
 
-    LlamaConfig(vocab_size=1823, hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=262144,
-                tie_word_embeddings=False).to_json_file(tmp_path / "config.json")  # fmt: skip
-    opts = TrainOptions(model=str(tmp_path), max_length=55296, micro_batch=1, stage=3, sp=2, tiled_compute=True,
+    opts = TrainOptions(model=str(cap_study_model), max_length=55296, micro_batch=1, stage=3, sp=2, tiled_compute=True,
                         nproc=2, precision="fp32")  # fmt: skip
     view = fit.cpu_view(plan_run(opts, {}, Host(on_gpu=False, bf16_supported=False)))
     assert all(shape.ranks % 2 == 0 for shape in fit.candidates(view, opts, on_gpu=False))
-    monkeypatch.setattr(fit, "rank_cap_bytes", lambda: 4 * GIB)
+    monkeypatch.setattr(fit, "rank_cap_bytes", lambda cap=None: 4 * GIB)
     _, fix = fit.plan_and_fix(view, opts, on_gpu=False)
     assert "--nproc" not in fix, fix

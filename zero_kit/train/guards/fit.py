@@ -228,13 +228,19 @@ def cheapest_fix(view, opts: TrainOptions, on_gpu: bool, limit: int, rank_limit:
 # --- the checks ---------------------------------------------------------------------------------------------------
 
 
-def rank_cap_bytes() -> int | None:
-    """What a CPU rank may hold under this process's address space cap (RLIMIT_AS, `ulimit -v`, which each rank
-    inherits): the cap less what a rank maps beyond what it holds. None without a cap."""
+def _address_space_cap() -> int | None:
+    """This process's address space cap (RLIMIT_AS, `ulimit -v`), which each rank inherits; None without one."""
     import resource
 
     cap = resource.getrlimit(resource.RLIMIT_AS)[0]
-    return None if cap == resource.RLIM_INFINITY else max(cap - int(ADDRESS_SPACE_OVERHEAD_GIB * GIB), 0)
+    return None if cap == resource.RLIM_INFINITY else cap
+
+
+def rank_cap_bytes(cap: int | None = None) -> int | None:
+    """What a CPU rank may hold under an address space cap (`cap` bytes; default this process's, None without one):
+    the cap less what a rank maps beyond what it holds."""
+    cap = _address_space_cap() if cap is None else cap
+    return None if cap is None else max(cap - int(ADDRESS_SPACE_OVERHEAD_GIB * GIB), 0)
 
 
 def available_host_bytes(ranks: int) -> tuple[int, str]:
@@ -247,11 +253,9 @@ def available_host_bytes(ranks: int) -> tuple[int, str]:
         import psutil
 
         have, where = psutil.virtual_memory().available, "available host RAM"
-    usable = rank_cap_bytes()
+    cap = _address_space_cap()
+    usable = None if cap is None else rank_cap_bytes(cap)
     if usable is not None and usable * ranks < have:
-        import resource
-
-        cap = resource.getrlimit(resource.RLIMIT_AS)[0]
         have = usable * ranks
         where = (f"RLIMIT_AS (ulimit -v) {gib(cap, 2)} per rank, less {ADDRESS_SPACE_OVERHEAD_GIB:g} GiB a rank maps"
                  f" beyond what it holds, x {ranks}")  # fmt: skip
