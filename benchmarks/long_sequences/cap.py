@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import resource
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from benchmarks.long_sequences.memory import SHAPE, append_record, data_file, study_arguments
+from benchmarks.long_sequences.memory import SHAPE, append_record, data_file, study_arguments, train_argv
 from benchmarks.plan_rss.run import model_dir
 
 GIB = 2**30
@@ -30,10 +29,6 @@ RUNS = {"sp1": (1, False), "sp2_tiled": (2, True)}
 """name -> (sp, tiled compute)"""
 RESOLUTION = 0.06
 """The measured longest is bisected until the next length up that failed is within this fraction of it."""
-
-
-def _flags(sp: int, tiled: bool) -> list[str]:
-    return [*(["--nproc", str(sp), "--sp", str(sp)] if sp > 1 else []), *(["--tiled-compute"] if tiled else [])]
 
 
 def planned_peak(model: Path, length: int, sp: int, tiled: bool) -> int:
@@ -50,9 +45,9 @@ def planned_peak(model: Path, length: int, sp: int, tiled: bool) -> int:
 
 def planned_longest(model: Path, sp: int, tiled: bool, cap: int, step: int) -> int:
     """The longest multiple of `step` whose planned peak fits the cap as the guard reads it."""
-    from zero_kit.train.guards.fit import ADDRESS_SPACE_OVERHEAD_GIB
+    from zero_kit.train.guards.fit import rank_cap_bytes
 
-    usable = cap - int(ADDRESS_SPACE_OVERHEAD_GIB * GIB)
+    usable = rank_cap_bytes(cap)
     low, high = step, step
     while planned_peak(model, high, sp, tiled) <= usable and high < CONTEXT:
         low, high = high, high * 2
@@ -65,10 +60,8 @@ def planned_longest(model: Path, sp: int, tiled: bool, cap: int, step: int) -> i
 def trains(model: Path, work: Path, length: int, sp: int, tiled: bool, cap: int) -> tuple[bool, float, str]:
     """A real run at `length` under the cap: whether it trained, its wall time, its last error line."""
     out = work / f"cap_run_{sp}_{int(tiled)}_{length}"
-    cmd = [sys.executable, "-m", "zero_kit.cli", "train", "--model", str(model), "--data",
-           str(data_file(work, length)), "--format", "text", "--max-length", str(length), "--micro-batch", "1",
-           "--stage", "3", "--precision", "fp32", "--max-steps", "1", "--no-export", "--no-memory-check", "--resume",
-           "never", "--overwrite-output", "--output", str(out), *_flags(sp, tiled)]  # fmt: skip
+    extra = ["--precision", "fp32", "--overwrite-output", *(["--tiled-compute"] if tiled else [])]
+    cmd = train_argv(model, data_file(work, length), length, sp, out, 1, *extra)
 
     def capped() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))

@@ -65,12 +65,18 @@ def data_file(work: Path, length: int) -> Path:
     return target
 
 
+def train_argv(model: Path, data: Path, length: int, sp: int, out: Path, steps: int = 2, *extra: str) -> list[str]:
+    """The study's `zero-kit train`: ZeRO-3, micro batch 1, `steps` steps, unchecked memory, no export; sp=1 one
+    rank, else sp ranks in one group."""
+    ranks = ["--nproc", str(sp), "--sp", str(sp)] if sp > 1 else []
+    return [sys.executable, "-m", "zero_kit.cli", "train", "--model", str(model), "--data", str(data), "--format",
+            "text", "--max-length", str(length), "--micro-batch", "1", "--stage", "3", "--max-steps", str(steps),
+            "--no-export", "--no-memory-check", "--resume", "never", "--output", str(out), *ranks, *extra]  # fmt: skip
+
+
 def measured(model: Path, data: Path, length: int, sp: int, out: Path) -> tuple[list[int], float]:
     """Peak RSS of each rank, and the run's wall time."""
-    ranks = ["--nproc", str(sp), "--sp", str(sp)] if sp > 1 else []
-    cmd = [sys.executable, "-m", "zero_kit.cli", "train", "--model", str(model), "--data", str(data), "--format",
-           "text", "--max-length", str(length), "--micro-batch", "1", "--stage", "3", "--max-steps", "2",
-           "--no-export", "--no-memory-check", "--resume", "never", "--output", str(out), *ranks]  # fmt: skip
+    cmd = train_argv(model, data, length, sp, out)
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     root, peaks = psutil.Process(proc.pid), {}

@@ -106,7 +106,20 @@ def _step_time(log: Path) -> float | None:
 
 
 QUICK = {
-    "config": ["config", "--stage", "3", "--offload-optimizer", "cpu", "--hidden-size", "4096", "--world-size", "8"],
+    "config": [
+        "config",
+        "--stage",
+        "3",
+        "--offload-optimizer",
+        "cpu",
+        "--hidden-size",
+        "4096",
+        "--world-size",
+        "8",
+        "-o",
+        "ds.json",
+        "--force",
+    ],  # into --work
     "--help": ["--help"],
     "config --help": ["config", "--help"],
 }
@@ -129,7 +142,7 @@ def commands(pairs: int, work: Path) -> dict:
     bare = [sys.executable, "-c", "pass"]
     out = {}
     for name, args in QUICK.items():
-        argv = [script, *args] if name != "config" else [script, *args, "-o", str(work / "ds.json"), "--force"]
+        argv = [script, *args]
         _wall(argv, work), _wall(bare, work)
         times = [(_wall(argv, work), _wall(bare, work)) for _ in range(pairs)]
         ratio = statistics.median(a / b for a, b in times)
