@@ -98,9 +98,12 @@ def start(argv: list[str], log: Path, *, cwd: Path | None = None, env: dict | No
 
 
 def shm_left(*ports: int | str) -> list[Path]:
-    """DeepSpeed's shm all-reduce workspaces a launch on these master ports left in /dev/shm (the op names them by
-    user, address, port and rank: zero_kit.launch.ops.shm_buffer). Empty where the shm op was kept from starting."""
-    return [path for port in ports for path in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*")]
+    """DeepSpeed's shm all-reduce workspaces a launch on these master ports left in /dev/shm, any address and rank
+    (named as zero_kit.launch.ops.shm_buffer names them). Empty where the shm op was kept from starting."""
+    from zero_kit.launch.ops import SHM_DIR, shm_buffer
+
+    names = [shm_buffer("*", {"MASTER_ADDR": "*", "MASTER_PORT": str(port)}).name for port in ports]  # type: ignore[arg-type]
+    return [path for name in names for path in SHM_DIR.glob(name)]
 
 
 def kill_group(proc: subprocess.Popen) -> None:

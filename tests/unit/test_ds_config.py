@@ -237,15 +237,15 @@ def test_quick_commands_import_nothing_they_do_not_use(argv):
     """The quick commands' start (issue 50; benchmarks/startup `commands` has the figures): no torch, DeepSpeed or
     transformers, not the logging and socket modules the ranks' paths need, and no module of another command."""
     code = (
-        "import sys, io, contextlib\n"
+        "import contextlib, io, json, sys\n"
         f"sys.argv = ['zero-kit', *{list(argv)!r}]\n"
         "from zero_kit.cli import console\n"
         "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
         "    console()\n"
-        "print(sorted(sys.modules))\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True)
-    loaded = eval(out.stdout)
+    loaded = json.loads(out.stdout)
     unused = ("torch", "deepspeed", "transformers", "logging", "socket", *QUICK_PATHS[argv])
     assert [m for m in loaded if m.split(".")[0] in unused or m.startswith(unused)] == []
     assert ("zero_kit.commands.config" in loaded) == (argv[0] == "config")
