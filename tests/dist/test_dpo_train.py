@@ -31,9 +31,11 @@ STEPS = 10
 JOB = ["train", "--method", "dpo", "--nproc", "2", "--max-steps", str(STEPS), "--max-length", "64",
        "--micro-batch", "2", "--log-steps", "1"]  # fmt: skip
 RUNS = {  # the embedded model's default lr for full fine-tuning (1e-3); LoRA's 2e-4 moves too little in 10 steps
-    "zero3": ["--stage", "3"],
-    "zero2_lora": ["--stage", "2", "--lora-r", "8", "--lr", "2e-3"],
+    "zero3": ["--stage", "3", "--dpo-reference", "model"],
+    "zero2_lora": ["--stage", "2", "--lora-r", "8", "--lr", "2e-3", "--dpo-reference", "precompute"],
 }
+# auto: 10 steps of 4 pairs read each of the 16 pairs at least once, so the reference is precomputed
+PRECOMPUTE = ["--stage", "3"]
 
 
 @pytest.fixture(scope="module")
@@ -45,25 +47,33 @@ def pairs(tmp_path_factory) -> Path:
     return path
 
 
-def _launch(name: str, tmp_path_factory, pairs: Path) -> dict:
+def _launch(name: str, tmp_path_factory, pairs: Path, flags: list[str], cache: Path | None = None) -> dict:
     """One launch: its output, stdout and the probe's records per rank."""
     root = tmp_path_factory.mktemp(name)
     probe = root / "probe"
     probe.mkdir()
-    argv = [*JOB, *RUNS[name], "--data", str(pairs), "--output", str(root / "out"), "--data-cache", str(root / "cache")]
+    cache = cache or root / "cache"
+    argv = [*JOB, *flags, "--data", str(pairs), "--output", str(root / "out"), "--data-cache", str(cache)]
     done = run(zero_kit(*argv), timeout=420, site=DPO_SITE, extra_env={"ZERO_KIT_PROBE_DPO": str(probe)})
     ranks = [json.loads((probe / f"rank{rank}.json").read_text()) for rank in range(2)]
-    return {"name": name, "out": root / "out", "stdout": done.stdout, "ranks": ranks}
+    return {"name": name, "out": root / "out", "stdout": done.stdout, "ranks": ranks, "cache": cache}
 
 
 @pytest.fixture(scope="module")
 def zero3(tmp_path_factory, pairs) -> dict:
-    return _launch("zero3", tmp_path_factory, pairs)
+    return _launch("zero3", tmp_path_factory, pairs, RUNS["zero3"])
 
 
 @pytest.fixture(scope="module")
-def zero2_lora(tmp_path_factory, pairs) -> dict:
-    return _launch("zero2_lora", tmp_path_factory, pairs)
+def zero3_precompute(tmp_path_factory, pairs) -> dict:
+    return _launch("zero3_precompute", tmp_path_factory, pairs, PRECOMPUTE)
+
+
+@pytest.fixture(scope="module")
+def zero2_lora(tmp_path_factory, pairs, zero3_precompute) -> dict:
+    """On the precompute run's data cache: the same pairs and the same starting model (LoRA's reference is the
+    base), so the reference log-probabilities are read back, not computed again."""
+    return _launch("zero2_lora", tmp_path_factory, pairs, RUNS["zero2_lora"], zero3_precompute["cache"])
 
 
 @pytest.fixture(params=sorted(RUNS))
@@ -109,7 +119,21 @@ def test_reference_never_changes_and_zero3_partitions_it(trained):
         assert f"held per rank: [{held[0]:,}, {held[1]:,}]" in trained["stdout"]
     else:  # LoRA: no second model, the frozen base of the trained one (whole on each ZeRO-2 rank)
         assert all(r["ref_stage"] is None for r in trained["ranks"]) and held == [total, total]
-        assert "the base model with the LoRA adapter off" in trained["stdout"]
+        assert all(r["precompute"] for r in trained["ranks"])
+        assert f"train: log-probabilities of {PAIRS} pairs read from the cache in " in trained["stdout"]
+
+
+def test_precomputed_reference_gives_the_sharded_references_losses(zero3, zero3_precompute):
+    """auto precomputes (the run reads every pair), holds no reference model, caches beside the prepared pairs,
+    and trains to the same per-step losses as the run with the ZeRO-3-partitioned reference model."""
+    stdout = zero3_precompute["stdout"]
+    assert "DPO reference: precomputed (auto: the run reads every pair (2.5 times)" in stdout, stdout[-3000:]
+    assert f"train: log-probabilities of {PAIRS} pairs precomputed in " in stdout
+    assert all(r["precompute"] and r["ref_stage"] is None for r in zero3_precompute["ranks"])
+    assert list(zero3_precompute["cache"].glob("*/cache-*.arrow")), "no cached log-probabilities"
+    ours = [record["loss"] for record in _train_records(zero3_precompute["out"])]
+    sharded = [record["loss"] for record in _train_records(zero3["out"])]
+    assert len(ours) == STEPS and max(abs(a - b) for a, b in zip(ours, sharded, strict=True)) < 1e-5, (ours, sharded)
 
 
 def test_export_reloads_in_plain_transformers_and_generates(trained):

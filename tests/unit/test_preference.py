@@ -139,6 +139,7 @@ def test_a_file_without_the_pair_columns_is_refused(tmp_path):
         ({"dpo_loss": "ipo"}, "--dpo-loss given without --method dpo"),
         ({"method": "dpo", "beta": 0.0}, "--beta must be > 0, got 0"),
         ({"method": "dpo", "pack": True}, "--pack with --method dpo"),
+        ({"dpo_reference": "precompute"}, "--dpo-reference given without --method dpo"),
     ],
 )
 def test_dpo_flags_are_checked_with_the_others(flags, said):
@@ -176,6 +177,53 @@ def test_a_trl_outside_the_tested_range_or_loss_it_lacks_is_refused(monkeypatch)
     with pytest.raises(UserError, match="--dpo-loss hinge: TRL 1.0.0 does not know it"):
         preference.check_trl(TrainOptions(method="dpo", dpo_loss="hinge"))
     preference.check_trl(TrainOptions())  # sft needs no TRL
+
+
+def test_precompute_needs_the_trl_that_runs_it_under_deepspeed(monkeypatch):
+    """TRL before 1.9.0 (huggingface/trl#6403) ran its precompute on parameters DeepSpeed had not placed yet."""
+    monkeypatch.setattr(preference, "trl_version", lambda: "1.8.0")
+    with pytest.raises(UserError, match=r"--dpo-reference precompute: TRL 1.8.0 cannot precompute") as raised:
+        preference.check_trl(TrainOptions(method="dpo", dpo_reference="precompute"))
+    assert "--dpo-reference model" in raised.value.fix
+    preference.check_trl(TrainOptions(method="dpo"))  # auto falls back to the model instead
+    assert not preference.choose_reference(TrainOptions(method="dpo"), 16, 4).precompute
+
+
+@pytest.mark.parametrize(
+    ("flags", "precompute", "said"),
+    [
+        ({}, True, "the run reads every pair (1 times)"),  # one epoch
+        ({"max_steps": 4}, True, "the run reads every pair (1.0 times)"),  # 4 steps x 4 pairs = the 16 pairs
+        ({"max_steps": 3}, False, "the run reads 12 of 16 pairs"),
+        ({"max_steps": 3, "dpo_reference": "precompute"}, True, "--dpo-reference precompute"),
+        ({"dpo_reference": "model"}, False, "--dpo-reference model"),
+    ],
+)
+def test_auto_precomputes_when_the_run_reads_every_pair(monkeypatch, flags, precompute, said):
+    monkeypatch.setattr(preference, "trl_version", lambda: "1.16.0")
+    choice = preference.choose_reference(TrainOptions(method="dpo", **flags), pairs=16, pairs_per_step=4)
+    assert choice.precompute is precompute and said in choice.reason
+
+
+def test_the_reference_cache_key_is_the_starting_model_not_its_partitions(tmp_path):
+    """TRL keys its cache by a hash of the model's state_dict: under ZeRO-3 only empty placeholders, the same for
+    every model of one architecture. zero_kit's key is the model itself: the embedded one's seed, a directory's
+    files; and the precision the log-probabilities are computed in."""
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(bf16=False, fp16=False, max_length=64)
+    key = preference.reference_key
+    embedded = TrainOptions(method="dpo")
+    assert key(embedded, args) == key(TrainOptions(method="dpo", lora_r=8), args)  # LoRA's reference: the base
+    assert key(embedded, args) != key(TrainOptions(method="dpo", seed=1), args)
+    assert key(embedded, args) != key(embedded, SimpleNamespace(bf16=True, fp16=False, max_length=64))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    first = key(TrainOptions(method="dpo", model=str(model)), args)
+    assert first == key(TrainOptions(method="dpo", model=str(model)), args)
+    (model / "model.safetensors").write_bytes(b"other weights")  # fine-tuned again in place
+    assert key(TrainOptions(method="dpo", model=str(model)), args) != first
 
 
 def test_setup_extra_is_the_range_the_run_checks():
@@ -235,6 +283,12 @@ def test_the_planner_counts_the_reference_and_two_sequences_per_pair():
     assert not dpo["zero2"].fits and sft["zero2"].fits and dpo["zero3"].fits
     rates = SimpleNamespace(flops_per_s=1e15)
     assert compute_seconds(pairs, rates) > 2 * compute_seconds(Workload(shape, n, 2048, 1), rates)
+    # --dpo-reference precompute: neither the reference's weights nor its forward (twice SFT's compute: 2 sequences)
+    precomputed = _dpo_plan(preference=True, reference_precomputed=True)
+    assert all(key not in option.states for option in precomputed.values())
+    assert precomputed["zero3"].gpu_bytes["total"] < dpo["zero3"].gpu_bytes["total"]
+    ahead = Workload(shape, n, 2048, 1, preference=True, reference_precomputed=True)
+    assert compute_seconds(ahead, rates) == pytest.approx(compute_seconds(doubled, rates))
 
 
 def test_plan_method_dpo_on_the_command_line(capsys):
@@ -244,6 +298,9 @@ def test_plan_method_dpo_on_the_command_line(capsys):
     shown = capsys.readouterr().out
     assert "DPO (2 sequences per pair; reference: a frozen copy of the model)" in shown
     assert "recommended: zero3" in shown
+    argv = ["plan", "--model", "llama-3-8b", "--gpu-mem", "80GB", "--method", "dpo", "--dpo-reference", "precompute"]
+    assert main(argv) == 0
+    assert "reference: log-probabilities precomputed before training, no model" in capsys.readouterr().out
     assert main(["plan", "--model", "llama-3-8b", "--gpu-mem", "80GB", "--method", "dpo", "--tp", "2"]) == 2
     assert "data-parallel layouts only" in capsys.readouterr().err
 

@@ -91,6 +91,10 @@ class PlanOptions:
     """dpo: preference tuning (zero-kit train --method dpo): two sequences per pair (--micro-batch counts pairs) and
     a frozen reference model (its weights per rank; LoRA: none) whose forward each step runs too. Data-parallel
     layouts only."""
+    dpo_reference: Literal["auto", "model", "precompute"] = "auto"
+    """--method dpo's reference (zero-kit train --dpo-reference): model charges a frozen copy's weights and its forward
+    every step; precompute charges neither (the log-probabilities are computed once before training). auto: as model
+    (a run shorter than one pass over the pairs keeps the model; a longer one precomputes and needs less)."""
     margin: float = 0.10
     """Fraction of GPU memory kept free for spikes and fragmentation."""
     tp: int | None = None
@@ -333,6 +337,7 @@ def build_inputs(opts: PlanOptions):
     label, shape, n_params = resolve_model(opts)
     work = Workload(shape, n_params, opts.seq_len, opts.micro_batch, opts.precision, opts.lora_r,
                     opts.activation_checkpointing, preference=opts.method == "dpo", sp=opts.sp,
+                    reference_precomputed=opts.method == "dpo" and opts.dpo_reference == "precompute",
                     tiled=opts.tiled_compute)  # fmt: skip
     host = parse_size(opts.host_mem, "--host-mem") if opts.host_mem else None
     hardware = Hardware(

@@ -20,6 +20,8 @@ def render_text(plan: Plan, label: str) -> str:
     tuning = f"LoRA r={w.lora_r} ({w.trainable_params:,} trainable)" if w.lora_r else "full fine-tune"
     if w.preference:
         reference = "the base, adapter off" if w.lora_r else "a frozen copy of the model"
+        if w.reference_precomputed:
+            reference = "log-probabilities precomputed before training, no model"
         tuning += f", DPO (2 sequences per pair; reference: {reference})"
     lines = [
         f"model: {label}: {w.n_params:,} parameters (h={s.hidden_size}, L={s.layers}, heads={s.heads}/{s.kv_heads} kv,"

@@ -24,6 +24,9 @@ class Workload:
     """DPO (`--method dpo`): every example is a pair, two sequences through the model, and every step also runs the
     frozen reference model forward over both (full fine-tuning: a second copy of the weights; LoRA: the same weights,
     adapter off)."""
+    reference_precomputed: bool = False
+    """DPO with its reference log-probabilities computed once before training (`--dpo-reference precompute`): no
+    reference weights held and no reference forward in the step."""
     sp: int = 1
     """Ulysses sequence parallelism (`--sp`): each sequence is split over `sp` ranks. A rank holds seq_len / sp of
     its tokens outside attention and, inside it, the whole sequence for heads / sp of the heads: activations, logits

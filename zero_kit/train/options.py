@@ -111,6 +111,11 @@ class TrainOptions(ZeroOptions):
                       "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm"] | None = None  # fmt: skip
     """TRL's DPO loss (its loss_type): sigmoid (the DPO paper's, the default), ipo, hinge, ...; the installed TRL
     must know it."""
+    dpo_reference: Literal["auto", "model", "precompute"] = "auto"
+    """DPO's reference log-probabilities: model (a frozen reference model runs forward every step; full fine-tuning
+    holds a second copy of the weights), precompute (computed once before training, cached with the prepared data and
+    reused by the next run on the same data and model; no reference in memory while training; TRL >= 1.9.0), or
+    auto: precompute when the run reads every pair at least once, else model. The choice is printed."""
     output: str = "zero-kit-out"
     """Output directory: checkpoints, train_log.jsonl, and the exported model in final/. It must be new, empty, or
     one zero-kit wrote (see --overwrite-output)."""
@@ -208,7 +213,9 @@ def _method_problems(opts: TrainOptions) -> list[UserError]:
     """--method dpo's flags (whether TRL is installed and knows --dpo-loss: zero_kit.train.guards.inputs)."""
     bad = []
     if opts.method != "dpo":
-        given = [flag for flag, value in (("--beta", opts.beta), ("--dpo-loss", opts.dpo_loss)) if value is not None]
+        chosen = (("--beta", opts.beta), ("--dpo-loss", opts.dpo_loss),
+                  ("--dpo-reference", None if opts.dpo_reference == "auto" else opts.dpo_reference))  # fmt: skip
+        given = [flag for flag, value in chosen if value is not None]
         if given:
             bad.append(UserError(f"{' and '.join(given)} given without --method dpo",
                                  f"add --method dpo, or drop {' and '.join(given)}"))  # fmt: skip

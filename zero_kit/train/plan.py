@@ -367,6 +367,8 @@ def workload_of(opts: TrainOptions, precision: str, shape: LlamaShape | None = N
         lora_r=opts.lora_r,
         activation_checkpointing=opts.activation_checkpointing,
         preference=opts.method == "dpo",  # two sequences per pair and the reference: the memory check counts them
+        # auto decides in the ranks once the pairs are counted: the check charges the reference until then
+        reference_precomputed=opts.method == "dpo" and opts.dpo_reference == "precompute",
         sp=opts.sp,
         packed=opts.pack,
         tiled=opts.tiled_compute,

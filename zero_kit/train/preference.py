@@ -11,6 +11,13 @@ The reference model:
   ZeRO-1/2 shard only optimizer states and gradients, which a frozen model has none of, so there TRL keeps a whole
   copy per rank, stage 0) and without an optimizer: it is only ever run forward, under no_grad, and never trained.
 
+Or no reference model at all (--dpo-reference precompute, or auto on a run that reads every pair): TRL computes the
+reference log-probabilities of every pair once before training (the starting model run forward through a DeepSpeed
+inference engine, or with the adapter off) and caches them beside the prepared pairs; the next run on the same pairs
+and the same starting model reads them back. zero_kit keys that cache by the model's identity (`reference_key`):
+TRL's own key hashes the model's state_dict, which under ZeRO-3 holds only empty partitioned placeholders, so any
+two models of one architecture would share an entry.
+
 The pairs were tokenized once by the starting process as TRL tokenizes them (zero_kit.data.preference): TRL's own
 preparation is skipped for them. TRL is an optional dependency (`pip install 'zero_kit[dpo]'`): a run without it, or
 with a release outside the tested range, is refused before any work (zero_kit.train.guards.inputs).
@@ -18,8 +25,13 @@ with a release outside the tested range, is refused before any work (zero_kit.tr
 
 from __future__ import annotations
 
+import os
 import re
 import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from zero_kit.errors import UserError
@@ -29,6 +41,9 @@ from zero_kit.train.options import TrainOptions
 INSTALL = "pip install 'zero_kit[dpo]'"
 TRL_TESTED = (">=0.29.1", "<2")
 """The TRL releases CI tests (constraints/oldest.txt, constraints/newest.txt); setup.py's extra says the same."""
+PRECOMPUTE_TRL = "1.9.0"
+"""The first TRL whose reference precomputation runs under DeepSpeed (huggingface/trl#6403: before it, the model's
+parameters were still on the host, or partitioned, when the precompute ran them)."""
 DEFAULT_BETA = 0.1
 DEFAULT_LOSS = "sigmoid"
 
@@ -55,11 +70,74 @@ def check_trl(opts: TrainOptions) -> None:
     tested = SpecifierSet(",".join(TRL_TESTED))
     if found not in tested:
         raise UserError(f"--method dpo: TRL {found} is installed, zero-kit is tested with TRL {tested}", INSTALL)
+    if opts.dpo_reference == "precompute" and not precompute_supported(found):
+        raise UserError(f"--dpo-reference precompute: TRL {found} cannot precompute reference log-probabilities "
+                        f"under DeepSpeed (fixed in TRL {PRECOMPUTE_TRL})",
+                        f"pip install 'trl>={PRECOMPUTE_TRL}', or pass --dpo-reference model")  # fmt: skip
     loss = opts.dpo_loss or DEFAULT_LOSS
     known = trl_losses()
     if known and loss not in known:
         raise UserError(f"--dpo-loss {loss}: TRL {found} does not know it (it knows {', '.join(known)})",
                         f"pick one of those, or upgrade TRL ({INSTALL} -U)")  # fmt: skip
+
+
+def precompute_supported(found: str | None) -> bool:
+    from packaging.version import Version
+
+    return found is not None and Version(found) >= Version(PRECOMPUTE_TRL)
+
+
+@dataclass(frozen=True)
+class ReferenceChoice:
+    """How a DPO run gets its reference log-probabilities (--dpo-reference), and why."""
+
+    precompute: bool
+    reason: str
+
+
+def choose_reference(opts: TrainOptions, pairs: int, pairs_per_step: int) -> ReferenceChoice:
+    """--dpo-reference's choice. auto weighs time, as memory always favours precomputing (no reference held while
+    training): precomputing runs the reference once over every pair before training; the model runs it over each
+    pair a step reads. So precompute when the run reads every pair at least once (its cost is then no more than the
+    forwards it replaces, and the next run on the same pairs and model pays nothing), else keep the model."""
+    if opts.dpo_reference != "auto":
+        given = f"--dpo-reference {opts.dpo_reference}"
+        return ReferenceChoice(opts.dpo_reference == "precompute", given)
+    if not precompute_supported(trl_version()):
+        return ReferenceChoice(False, f"auto: TRL {trl_version()} cannot precompute under DeepSpeed "
+                                      f"(TRL >= {PRECOMPUTE_TRL} can)")  # fmt: skip
+    read = opts.max_steps * pairs_per_step if opts.max_steps else None
+    if read is not None and read < pairs:
+        return ReferenceChoice(False, f"auto: the run reads {read:,} of {pairs:,} pairs, so precomputing would run "
+                                      "the reference over pairs it never trains on")  # fmt: skip
+    times = f"{read / pairs:.1f}" if read is not None else f"{opts.epochs:g}"
+    return ReferenceChoice(True, f"auto: the run reads every pair ({times} times), so one forward per pair before "
+                                 "training costs no more than the per-step reference forwards it replaces")  # fmt: skip
+
+
+def reference_key(opts: TrainOptions, args) -> str:
+    """What the reference log-probabilities depend on besides the pairs (which TRL's key covers through the
+    dataset's fingerprint): the starting model (the embedded one's shape and seed, or the model directory's files
+    by name, size and modification time), its precision and the libraries that compute them."""
+    import hashlib
+    import json
+
+    import torch
+    import transformers
+
+    if opts.model is None:
+        from zero_kit.model import TINY_DEFAULTS, TINY_VOCAB
+
+        model: object = {"embedded": {k: str(v) for k, v in TINY_DEFAULTS.items()}, "vocab": TINY_VOCAB,
+                         "seed": opts.seed}  # fmt: skip
+    else:
+        root = Path(opts.model)
+        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        model = [[str(p.relative_to(root) if root.is_dir() else p), p.stat().st_size, p.stat().st_mtime_ns]
+                 for p in files]  # fmt: skip
+    material = {"model": model, "bf16": args.bf16, "fp16": args.fp16, "max_length": args.max_length,
+                "versions": [torch.__version__, transformers.__version__, trl_version()]}  # fmt: skip
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
 def trl_losses() -> list[str]:
@@ -106,6 +184,20 @@ def trainer_class(counting) -> type:
                 return dataset  # tokenized once, as TRL tokenizes, by the starting process (zero_kit.data.preference)
             return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
 
+        def _precompute_ref_logps(self, dataset, name, batch_size):
+            """TRL's precomputation under zero_kit's cache key (`reference_key`), timed: whether it ran or read
+            the cache beside the prepared pairs is said on the reference's line."""
+            self._precompute_model_hash = self.zero_kit_reference_key
+            where = Path(dataset.cache_files[0]["filename"]).parent if dataset.cache_files else None
+            before = set(where.glob("cache-*.arrow")) if where else set()
+            start = time.monotonic()
+            with _quiet_progress_bars():
+                done = super()._precompute_ref_logps(dataset, name, batch_size)
+            new = set(where.glob("cache-*.arrow")) - before if where else set()
+            self.zero_kit_precomputed[name] = {"pairs": len(dataset), "seconds": time.monotonic() - start,
+                                               "reused": where is not None and not new, "where": where}  # fmt: skip
+            return done
+
         def create_model_card(self, *args, **kwargs):
             """No README.md in --output: zero-kit writes there only its own files (guards.output)."""
 
@@ -115,11 +207,37 @@ def trainer_class(counting) -> type:
     return counting(PreparedPairsDPOTrainer)
 
 
-def build_reference(opts: TrainOptions):
+@contextmanager
+def _quiet_progress_bars():
+    """TRL's bar over the precompute batches (tqdm, off by TQDM_DISABLE) and datasets' over its caching map: on the
+    terminal of every rank, and the reference's line says what they would. --verbose keeps them."""
+    import datasets
+
+    from zero_kit.log import VERBOSE_ENV
+
+    if os.environ.get(VERBOSE_ENV):
+        yield
+        return
+    was_tqdm, was_on = os.environ.get("TQDM_DISABLE"), not datasets.are_progress_bars_disabled()
+    os.environ["TQDM_DISABLE"] = "1"
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_tqdm is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = was_tqdm
+        if was_on:
+            datasets.enable_progress_bars()
+
+
+def build_reference(opts: TrainOptions, precompute: bool):
     """The reference of full fine-tuning: the starting model again, built as the trained one is (zero_kit.model;
-    under ZeRO-3 inside zero.Init, which the run's TrainingArguments registered). None with LoRA: the base model,
-    adapter off, is the reference."""
-    if opts.lora_r is not None:
+    under ZeRO-3 inside zero.Init, which the run's TrainingArguments registered). None with LoRA (the base model,
+    adapter off, is the reference) and when the log-probabilities are precomputed (from the starting model itself,
+    before training)."""
+    if opts.lora_r is not None or precompute:
         return None
     import torch
 
@@ -130,14 +248,23 @@ def build_reference(opts: TrainOptions):
     )
 
 
-def dpo_trainer(cls: type, opts: TrainOptions, model, args, tokenizer, data, callbacks: list, *, zero3: bool):
+def dpo_trainer(cls: type, opts: TrainOptions, model, args, tokenizer, data, callbacks: list, *, zero3: bool,
+                dp_size: int):  # fmt: skip
     """The run's DPOTrainer: the model (wrapped by TRL with the adapter under --lora-r), the reference (prepared by
-    TRL with DeepSpeed, no optimizer) and the prepared pairs."""
+    TRL with DeepSpeed, no optimizer; or its log-probabilities precomputed: `choose_reference`) and the prepared
+    pairs."""
     from zero_kit.train.lora import lora_config
 
+    choice = choose_reference(
+        opts, len(data.dataset), args.per_device_train_batch_size * args.gradient_accumulation_steps * dp_size
+    )
+    args.precompute_ref_log_probs = choice.precompute  # DPOConfig's own switch, set once the pairs are counted
+    args.precompute_ref_batch_size = args.per_device_train_batch_size
+    cls = type(cls.__name__, (cls,), {"zero_kit_reference_key": reference_key(opts, args),
+                                      "zero_kit_precomputed": {}, "zero_kit_reference_choice": choice})  # fmt: skip
     trainer = cls(
         model=model,
-        ref_model=build_reference(opts),
+        ref_model=build_reference(opts, choice.precompute),
         args=args,
         train_dataset=data.dataset,
         eval_dataset=data.eval_dataset,
@@ -153,13 +280,35 @@ def dpo_trainer(cls: type, opts: TrainOptions, model, args, tokenizer, data, cal
 def say_reference(trainer, count_held, speak: bool) -> None:
     """One line about the reference model; `count_held(module)` gathers the elements each rank holds (a collective:
     every rank calls this)."""
+    choice = trainer.zero_kit_reference_choice
+    if choice.precompute:
+        if speak:
+            say(f"zero-kit train: DPO reference: precomputed ({choice.reason}): "
+                f"{precomputed_line(trainer.zero_kit_precomputed)}")  # fmt: skip
+        return
     if trainer.ref_model is None:
         if speak:
-            say("zero-kit train: DPO reference: the base model with the LoRA adapter off (no second model)")
+            say("zero-kit train: DPO reference: the base model with the LoRA adapter off (no second model; "
+                f"{choice.reason})")  # fmt: skip
         return
     module = getattr(trainer.ref_model, "module", trainer.ref_model)  # TRL's DeepSpeed engine around the model
     held = count_held(module)
     if speak:
         per_rank = ", ".join(f"{n:,}" for n in held["elements_held_per_rank"])
         say(f"zero-kit train: DPO reference: a frozen copy of the starting model, {held['total_parameters']:,} "
-            f"parameters, held per rank: [{per_rank}] (DeepSpeed, no optimizer)")  # fmt: skip
+            f"parameters, held per rank: [{per_rank}] (DeepSpeed, no optimizer; {choice.reason})")  # fmt: skip
+
+
+def precomputed_line(passes: dict) -> str:
+    """What the precomputation did, per dataset (train, eval): computed or read back, where, how long."""
+    said = []
+    for name, done in passes.items():
+        where = done["where"]
+        if done["reused"]:
+            said.append(f"{name}: log-probabilities of {done['pairs']:,} pairs read from the cache in {where} "
+                        f"({done['seconds']:.1f} s)")  # fmt: skip
+        else:
+            cached = f", cached in {where} for the next run on these pairs and this model" if where else ""
+            said.append(f"{name}: log-probabilities of {done['pairs']:,} pairs precomputed in "
+                        f"{done['seconds']:.1f} s{cached}")  # fmt: skip
+    return "; ".join(said) + "; no reference model in memory while training"

@@ -415,7 +415,8 @@ def _build_trainer(plan: RunPlan, me: Rank, counting, model, args, tokenizer, da
         from zero_kit.train import preference
 
         trainer = preference.dpo_trainer(preference.trainer_class(counting), plan.options, model, args, tokenizer,
-                                         data, callbacks, zero3=plan.zero_stage == 3)  # fmt: skip
+                                         data, callbacks, zero3=plan.zero_stage == 3,
+                                         dp_size=plan.dp_size)  # fmt: skip
         preference.say_reference(trainer, _gather_held_elements, me.number == 0)
         return trainer
     return counting()(
