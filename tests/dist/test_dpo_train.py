@@ -127,7 +127,8 @@ def test_precomputed_reference_gives_the_sharded_references_losses(zero3, zero3_
     """auto precomputes (the run reads every pair), holds no reference model, caches beside the prepared pairs,
     and trains to the same per-step losses as the run with the ZeRO-3-partitioned reference model."""
     stdout = zero3_precompute["stdout"]
-    assert "DPO reference: precomputed (auto: the run reads every pair (2.5 times)" in stdout, stdout[-3000:]
+    said = "DPO reference: precomputed log-probabilities (auto: the run reads every pair (2.5 times)"
+    assert said in stdout, stdout[-3000:]
     assert f"train: log-probabilities of {PAIRS} pairs precomputed in " in stdout
     assert all(r["precompute"] and r["ref_stage"] is None for r in zero3_precompute["ranks"])
     assert list(zero3_precompute["cache"].glob("*/cache-*.arrow")), "no cached log-probabilities"

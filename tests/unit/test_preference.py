@@ -155,7 +155,7 @@ def test_dpo_arguments_pass_through_to_trl():
     assert preference.method_arguments(opts) == {"beta": 0.3, "loss_type": ["ipo"], "max_length": 96,
                                                  "precompute_ref_log_probs": False}  # fmt: skip
     assert preference.method_arguments(TrainOptions()) == {}
-    assert {"sigmoid", "ipo", "hinge"} <= set(preference.trl_losses())
+    assert {preference.DEFAULT_LOSS, "ipo", "hinge"} <= set(preference.trl_losses())
 
 
 def test_without_trl_the_run_is_refused_with_the_extra_to_install(monkeypatch, tmp_path, capsys):
@@ -177,6 +177,9 @@ def test_a_trl_outside_the_tested_range_or_loss_it_lacks_is_refused(monkeypatch)
     with pytest.raises(UserError, match="--dpo-loss hinge: TRL 1.0.0 does not know it"):
         preference.check_trl(TrainOptions(method="dpo", dpo_loss="hinge"))
     preference.check_trl(TrainOptions())  # sft needs no TRL
+    # the default loss is in every TRL of the range (below): its check imports no TRL (seconds in the start-up)
+    monkeypatch.setattr(preference, "trl_losses", lambda: pytest.fail("TRL's DPOConfig imported for the default"))
+    preference.check_trl(TrainOptions(method="dpo"))
 
 
 def test_precompute_needs_the_trl_that_runs_it_under_deepspeed(monkeypatch):
@@ -286,7 +289,7 @@ def test_the_planner_counts_the_reference_and_two_sequences_per_pair():
     # --dpo-reference precompute: neither the reference's weights nor its forward (twice SFT's compute: 2 sequences)
     precomputed = _dpo_plan(preference=True, reference_precomputed=True)
     assert all(key not in option.states for option in precomputed.values())
-    assert precomputed["zero3"].gpu_bytes["total"] < dpo["zero3"].gpu_bytes["total"]
+    assert precomputed["zero3"].gpu_bytes()["total"] < dpo["zero3"].gpu_bytes()["total"]
     ahead = Workload(shape, n, 2048, 1, preference=True, reference_precomputed=True)
     assert compute_seconds(ahead, rates) == pytest.approx(compute_seconds(doubled, rates))
 

@@ -137,6 +137,14 @@ class Entry:
     built: bool
     seconds: float = 0.0
 
+    def train_rows(self) -> int:
+        """Rows of the training split (after a --val-size hold-out), counted from its Arrow file's batches without
+        datasets' import."""
+        import pyarrow as pa
+
+        with pa.memory_map(str(self.path / SPLITS["train"])) as source:
+            return sum(batch.num_rows for batch in pa.ipc.open_stream(source))
+
     def load(self):
         """(train Dataset, eval Dataset or None, DataStats), memory-mapped from the entry's Arrow files."""
         from datasets import Dataset

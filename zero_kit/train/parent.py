@@ -73,6 +73,7 @@ def _start(opts: TrainOptions, environ: dict[str, str], claim_token: str | None)
     preflight.refuse_no_room(plan.output, plan.planner(), plan.options)  # the checkpoints it keeps at once
     # tokenized once, before any launcher, process group or op build: a relaunch's ranks find it ready
     prepared = rundata.prepare(plan.options, speak)
+    plan = decide_reference(plan, prepared, speak)  # --method dpo: precompute or a reference model, and why
     clock.mark("prepare")
     if speak and plan.resume_from is not None:
         _warn_if_foreign(Path(plan.resume_from))  # its pickles are loaded with weights_only=False by DeepSpeed
@@ -83,6 +84,21 @@ def _start(opts: TrainOptions, environ: dict[str, str], claim_token: str | None)
     from zero_kit.train.rank import run_rank
 
     return run_rank(plan, prepared, clock, led=False)
+
+
+def decide_reference(plan: RunPlan, prepared: rundata.Prepared, speak: bool) -> RunPlan:
+    """A DPO run's reference (zero_kit.train.preference.choose_reference) once its pairs are counted: the memory
+    check and the ranks use this one decision, said here."""
+    if plan.options.method != "dpo":
+        return plan
+    from zero_kit.train.preference import choose_reference
+
+    per_step = plan.micro_batch * plan.grad_accum * plan.dp_size
+    choice = choose_reference(plan.options, prepared.train.train_rows(), per_step)
+    if speak:
+        how = "precomputed log-probabilities" if choice.precompute else "a reference model every step"
+        say(f"zero-kit train: DPO reference: {how} ({choice.reason})")
+    return replace(plan, dpo_precompute=choice.precompute, dpo_reason=choice.reason)
 
 
 def _wants_relaunch(plan: RunPlan) -> bool:

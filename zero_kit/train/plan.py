@@ -115,6 +115,11 @@ class RunPlan:
     """The complete checkpoint the run continues (None: it starts fresh). Chosen only: nothing is deleted for it."""
     claim_token: str | None = None
     """The output's claim, held by the starting process (zero_kit.checkpoints.claim): its ranks check it is theirs."""
+    dpo_precompute: bool | None = None
+    """--method dpo: whether the reference log-probabilities are precomputed (zero_kit.train.preference
+    `choose_reference`, decided once the pairs are prepared and counted; None before that, or for sft)."""
+    dpo_reason: str = ""
+    """Why: --dpo-reference as given, or auto's reason."""
 
     @property
     def output(self) -> Path:
@@ -134,7 +139,7 @@ class RunPlan:
 
     def planner(self, shape: LlamaShape | None = None) -> PlannerView:
         """The run in the planner's words (`shape`: the model's, when it was read already)."""
-        work = workload_of(self.options, self.precision, shape)
+        work = workload_of(self.options, self.precision, shape, precomputed=bool(self.dpo_precompute))
         return planner_view(self.ds_config, work, self.zero_stage, self.ranks_per_node, self.nodes)
 
     def to_env(self) -> dict[str, str]:
@@ -355,8 +360,10 @@ def model_shape(opts: TrainOptions) -> LlamaShape:
     return shape_from_hf_config(build_config(opts.model, trust_remote_code=opts.trust_remote_code).to_dict())
 
 
-def workload_of(opts: TrainOptions, precision: str, shape: LlamaShape | None = None) -> Workload:
-    """What the run trains, as the planner's Workload (`shape`: the model's, when it was read already)."""
+def workload_of(opts: TrainOptions, precision: str, shape: LlamaShape | None = None, *,
+                precomputed: bool | None = None) -> Workload:  # fmt: skip
+    """What the run trains, as the planner's Workload (`shape`: the model's, when it was read already;
+    `precomputed`: DPO's reference log-probabilities, once decided: RunPlan.dpo_precompute)."""
     shape = shape or model_shape(opts)
     return Workload(
         shape=shape,
@@ -367,8 +374,8 @@ def workload_of(opts: TrainOptions, precision: str, shape: LlamaShape | None = N
         lora_r=opts.lora_r,
         activation_checkpointing=opts.activation_checkpointing,
         preference=opts.method == "dpo",  # two sequences per pair and the reference: the memory check counts them
-        # auto decides in the ranks once the pairs are counted: the check charges the reference until then
-        reference_precomputed=opts.method == "dpo" and opts.dpo_reference == "precompute",
+        # auto is decided once the pairs are counted: until then the reference is charged
+        reference_precomputed=opts.method == "dpo" and (precomputed or opts.dpo_reference == "precompute"),
         sp=opts.sp,
         packed=opts.pack,
         tiled=opts.tiled_compute,

@@ -74,7 +74,9 @@ def check_trl(opts: TrainOptions) -> None:
         raise UserError(f"--dpo-reference precompute: TRL {found} cannot precompute reference log-probabilities "
                         f"under DeepSpeed (fixed in TRL {PRECOMPUTE_TRL})",
                         f"pip install 'trl>={PRECOMPUTE_TRL}', or pass --dpo-reference model")  # fmt: skip
-    loss = opts.dpo_loss or DEFAULT_LOSS
+    if opts.dpo_loss is None:  # the default, in every TRL of the tested range: no TRL import (seconds) to check it
+        return
+    loss = opts.dpo_loss
     known = trl_losses()
     if known and loss not in known:
         raise UserError(f"--dpo-loss {loss}: TRL {found} does not know it (it knows {', '.join(known)})",
@@ -159,16 +161,16 @@ def arguments_class(opts: TrainOptions) -> type:
     return TrainingArguments
 
 
-def method_arguments(opts: TrainOptions) -> dict[str, Any]:
+def method_arguments(opts: TrainOptions, precompute: bool = False) -> dict[str, Any]:
     """DPOConfig's own arguments of the run (none for sft). max_length: every pair fits it (zero_kit.data.preference
-    refused or skipped the others), so TRL's collator never cuts one."""
+    refused or skipped the others), so TRL's collator never cuts one. precompute: the run's `choose_reference`."""
     if opts.method != "dpo":
         return {}
     return {
         "beta": DEFAULT_BETA if opts.beta is None else opts.beta,
         "loss_type": [opts.dpo_loss or DEFAULT_LOSS],
         "max_length": opts.max_length,
-        "precompute_ref_log_probs": False,
+        "precompute_ref_log_probs": precompute,
     }
 
 
@@ -248,23 +250,18 @@ def build_reference(opts: TrainOptions, precompute: bool):
     )
 
 
-def dpo_trainer(cls: type, opts: TrainOptions, model, args, tokenizer, data, callbacks: list, *, zero3: bool,
-                dp_size: int):  # fmt: skip
+def dpo_trainer(cls: type, opts: TrainOptions, model, args, tokenizer, data, callbacks: list, *, zero3: bool):
     """The run's DPOTrainer: the model (wrapped by TRL with the adapter under --lora-r), the reference (prepared by
-    TRL with DeepSpeed, no optimizer; or its log-probabilities precomputed: `choose_reference`) and the prepared
+    TRL with DeepSpeed, no optimizer; or, as `args` says, its log-probabilities precomputed) and the prepared
     pairs."""
     from zero_kit.train.lora import lora_config
 
-    choice = choose_reference(
-        opts, len(data.dataset), args.per_device_train_batch_size * args.gradient_accumulation_steps * dp_size
-    )
-    args.precompute_ref_log_probs = choice.precompute  # DPOConfig's own switch, set once the pairs are counted
-    args.precompute_ref_batch_size = args.per_device_train_batch_size
+    precompute = args.precompute_ref_log_probs
     cls = type(cls.__name__, (cls,), {"zero_kit_reference_key": reference_key(opts, args),
-                                      "zero_kit_precomputed": {}, "zero_kit_reference_choice": choice})  # fmt: skip
+                                      "zero_kit_precomputed": {}})  # fmt: skip
     trainer = cls(
         model=model,
-        ref_model=build_reference(opts, choice.precompute),
+        ref_model=build_reference(opts, precompute),
         args=args,
         train_dataset=data.dataset,
         eval_dataset=data.eval_dataset,
@@ -280,23 +277,20 @@ def dpo_trainer(cls: type, opts: TrainOptions, model, args, tokenizer, data, cal
 def say_reference(trainer, count_held, speak: bool) -> None:
     """One line about the reference model; `count_held(module)` gathers the elements each rank holds (a collective:
     every rank calls this)."""
-    choice = trainer.zero_kit_reference_choice
-    if choice.precompute:
+    if trainer.args.precompute_ref_log_probs:
         if speak:
-            say(f"zero-kit train: DPO reference: precomputed ({choice.reason}): "
-                f"{precomputed_line(trainer.zero_kit_precomputed)}")  # fmt: skip
+            say(f"zero-kit train: DPO reference: {precomputed_line(trainer.zero_kit_precomputed)}")
         return
     if trainer.ref_model is None:
         if speak:
-            say("zero-kit train: DPO reference: the base model with the LoRA adapter off (no second model; "
-                f"{choice.reason})")  # fmt: skip
+            say("zero-kit train: DPO reference: the base model with the LoRA adapter off (no second model)")
         return
     module = getattr(trainer.ref_model, "module", trainer.ref_model)  # TRL's DeepSpeed engine around the model
     held = count_held(module)
     if speak:
         per_rank = ", ".join(f"{n:,}" for n in held["elements_held_per_rank"])
         say(f"zero-kit train: DPO reference: a frozen copy of the starting model, {held['total_parameters']:,} "
-            f"parameters, held per rank: [{per_rank}] (DeepSpeed, no optimizer; {choice.reason})")  # fmt: skip
+            f"parameters, held per rank: [{per_rank}] (DeepSpeed, no optimizer)")  # fmt: skip
 
 
 def precomputed_line(passes: dict) -> str:

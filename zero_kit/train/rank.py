@@ -210,7 +210,7 @@ def _training_arguments(plan: RunPlan):
         fp16=plan.precision == "fp16",
         **{checkpointing: opts.activation_checkpointing},
         **evaluation_arguments(opts, plan.micro_batch),  # evaluation, and the trackers of --report-to
-        **method_arguments(opts),  # --method dpo's: beta, loss, max length
+        **method_arguments(opts, bool(plan.dpo_precompute)),  # --method dpo's: beta, loss, max length, reference
         **sequence_parallel_arguments(opts.sp),
         disable_tqdm=True,
         remove_unused_columns=False,
@@ -415,8 +415,7 @@ def _build_trainer(plan: RunPlan, me: Rank, counting, model, args, tokenizer, da
         from zero_kit.train import preference
 
         trainer = preference.dpo_trainer(preference.trainer_class(counting), plan.options, model, args, tokenizer,
-                                         data, callbacks, zero3=plan.zero_stage == 3,
-                                         dp_size=plan.dp_size)  # fmt: skip
+                                         data, callbacks, zero3=plan.zero_stage == 3)  # fmt: skip
         preference.say_reference(trainer, _gather_held_elements, me.number == 0)
         return trainer
     return counting()(

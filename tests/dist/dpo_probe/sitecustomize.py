@@ -51,7 +51,7 @@ if os.environ.get("ZERO_KIT_PROBE_DPO"):
                 "begin": _held(self._reference()),
                 "policy_begin": _held(list(policy.named_parameters())),
                 "total": sum(getattr(p, "ds_numel", p.numel()) for _, p in self._reference()),
-                "precompute": trainer.zero_kit_reference_choice.precompute,
+                "precompute": trainer.args.precompute_ref_log_probs,
                 "ref_stage": None if engine is None else engine.zero_optimization_stage(),
                 "ref_optimizer": None
                 if engine is None or engine.optimizer is None
