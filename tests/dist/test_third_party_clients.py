@@ -11,7 +11,9 @@ without it accelerate finds no device backend and every rank acts as rank 0 of a
 
 With `zero-kit config --sp 2` (issue 48) the YAML also carries accelerate's `parallelism_config` (Ulysses): accelerate's
 own ALST test script and `trl sft` run on it, the two ranks one sequence-parallel group: a falling loss, and (from
-sp_shard_probe, in every rank) each rank holding its half of every sequence."""
+sp_shard_probe, in every rank) each rank holding its half of every sequence.
+
+`trl dpo` (issue 49) runs on the ZeRO-3 config too: TRL's own DPOTrainer and reference model, no zero_kit import."""
 
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ CONFIGS = {
     "zero3": ["--stage", "3"],
     "zero3_offload": ["--stage", "3", "--offload-optimizer", "cpu", "--offload-param", "cpu"],
 }
-PORTS = {"zero2": 29664, "zero3": 29665, "zero3_offload": 29666}  # this module's own; 29667: accelerate test
+PORTS = {"zero2": 29664, "zero3": 29665, "zero3_offload": 29666, "trl_dpo": 29660}  # 29667: accelerate test
 SP_PORTS = {"alst": 29668, "trl_sft": 29669}
 SP = 2
 SP_FLAGS = ["--sp", str(SP), "--device", "cpu"]
@@ -89,15 +91,17 @@ def test_trl_sft(tmp_path, model_dir, name):
     assert_trl_trained(text, tmp_path / "out", model_dir, rows_per_step=MICRO * WORLD)
 
 
-def trl_sft(tmp_path: Path, model_dir: Path, yaml: Path, port: int, *job_extra: str, shards: Path | None = None) -> str:
-    """`trl sft` on the shipped chat rows with `yaml`, saving to tmp_path/out: its stdout and stderr. `job_extra`: more
-    of its options; `shards`: a folder for sp_shard_probe's records, which turns the probe on in every rank."""
+def trl_sft(tmp_path: Path, model_dir: Path, yaml: Path, port: int, *job_extra: str, shards: Path | None = None,
+            command: str = "sft", rows_file: Path = ASSETS / "chat.jsonl") -> str:  # fmt: skip
+    """`trl sft` (or `command`: dpo) on the shipped chat rows (`rows_file`) with `yaml`, saving to tmp_path/out: its
+    stdout and stderr. `job_extra`: more of its options; `shards`: a folder for sp_shard_probe's records, which turns
+    the probe on in every rank."""
     data, out = tmp_path / "data", tmp_path / "out"
     data.mkdir()
-    shutil.copy(ASSETS / "chat.jsonl", data / "train.jsonl")  # TRL reads the conversational format as it is
+    shutil.copy(rows_file, data / "train.jsonl")  # TRL reads the conversational and the pair format as they are
     launch = ["--accelerate_config", str(yaml), "--main_process_port", str(port)]
     job = ["--model_name_or_path", str(model_dir), "--dataset_name", str(data), "--max_length", "64", *job_extra]
-    cmd = [str(VENV_BIN / "trl"), "sft", *launch, *job, "--output_dir", str(out), *TRAINING_ARGS]
+    cmd = [str(VENV_BIN / "trl"), command, *launch, *job, "--output_dir", str(out), *TRAINING_ARGS]
     run_env = env(SP_SHARD_PROBE, ZERO_KIT_PROBE_SP_SHARDS=str(shards)) if shards else env()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=run_env)
     text = proc.stdout + proc.stderr
@@ -106,8 +110,26 @@ def trl_sft(tmp_path: Path, model_dir: Path, yaml: Path, port: int, *job_extra: 
         # process group, and a rank may die of SIGABRT after the save. Tolerated only in exactly that form, and only
         # if the save is whole (assert_saved below): anything else, or a save cut short, fails here.
         assert TORCH_EXIT_ABORT in text and "SIGABRT" in text and "Model saved" in text, text[-4000:]
-        print(f"trl sft exited {proc.returncode}: torch's gloo abort at exit after the save (known, documented)")
+        print(f"trl {command} exited {proc.returncode}: torch's gloo abort at exit after the save (known, documented)")
     return text
+
+
+def test_trl_dpo_on_a_zero3_config(tmp_path, model_dir):
+    """A user's own `trl dpo` (TRL's DPOTrainer, its reference model built by TRL and prepared by DeepSpeed) on
+    zero-kit's ZeRO-3 --hf-auto config: STEPS steps over the first 16 bundled pairs (one epoch: 2 ranks x 2 pairs a
+    step), the first step's loss ln 2 (the trained model is still the reference), TRL's reward figures logged, a
+    whole save."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join((ASSETS / "preference.jsonl").read_text().splitlines(keepends=True)[:16]))
+    yaml = generate(tmp_path, "zero3")
+    text = trl_sft(tmp_path, model_dir, yaml, PORTS["trl_dpo"], command="dpo", rows_file=pairs)
+    assert text.count("Training completed") == 1, "one main process"
+    losses = [float(v) for v in re.findall(LOG_VALUE.format("loss"), text)]
+    margins = re.findall(LOG_VALUE.format("rewards/margins"), text)
+    epochs = [float(v) for v in re.findall(LOG_VALUE.format("epoch"), text)]
+    assert len(losses) == len(margins) == STEPS and losses[0] == pytest.approx(math.log(2), abs=1e-3), (losses, margins)
+    assert round(epochs[-1] * 16) == STEPS * MICRO * WORLD, epochs  # the pairs split over the two ranks
+    assert_saved(tmp_path / "out", model_dir)
 
 
 def assert_trl_trained(text: str, out: Path, model_dir: Path, rows_per_step: int) -> None:
