@@ -131,6 +131,8 @@ def test_precomputed_reference_gives_the_sharded_references_losses(zero3, zero3_
     assert said in stdout, stdout[-3000:]
     assert f"train: log-probabilities of {PAIRS} pairs precomputed in " in stdout
     assert all(r["precompute"] and r["ref_stage"] is None for r in zero3_precompute["ranks"])
+    # TRL's precompute engine (ZeRO-3 hooks on the trained model) is gone: the training engine's hooks alone
+    assert [r["layer_hooks"] for r in zero3_precompute["ranks"]] == [r["layer_hooks"] for r in zero3["ranks"]]
     assert list(zero3_precompute["cache"].glob("*/cache-*.arrow")), "no cached log-probabilities"
     ours = [record["loss"] for record in _train_records(zero3_precompute["out"])]
     sharded = [record["loss"] for record in _train_records(zero3["out"])]

@@ -181,6 +181,16 @@ def trainer_class(counting) -> type:
     from zero_kit.data.preference import ID_COLUMNS
 
     class PreparedPairsDPOTrainer(DPOTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            engine = getattr(self, "_precompute_engine", None)  # TRL >= 1.9: the precompute's inference engine
+            if engine is not None:
+                # TRL keeps it for a later evaluate(); at ZeRO-3 its parameter hooks stay on the trained model and
+                # run beside the training engine's at every step (2 fetch and 2 release hooks per layer instead of
+                # 1 each, checked in a probe). zero-kit's pairs, train and eval, are all precomputed in __init__.
+                engine.destroy()
+                self._precompute_engine = None
+
         def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
             if all(name in dataset.column_names for name in ID_COLUMNS):
                 return dataset  # tokenized once, as TRL tokenizes, by the starting process (zero_kit.data.preference)

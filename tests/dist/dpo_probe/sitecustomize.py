@@ -8,7 +8,9 @@ and when it ends, and writes DIR/rankN.json:
   parameter but the adapter's), which is what TRL runs with the adapter off;
 - the same of the trained model when training begins: full fine-tuning starts where the reference is;
 - how TRL prepared the reference: its DeepSpeed engine's ZeRO stage and optimizer, and how many of its parameters
-  hold a gradient when training ends.
+  hold a gradient when training ends;
+- whether the reference was precomputed, and the hooks on the trained model's first layer when training begins (a
+  precompute's inference engine left alive would add its own ZeRO-3 hooks to the training engine's).
 
 It patches nothing unless the variable is set."""
 
@@ -33,6 +35,11 @@ if os.environ.get("ZERO_KIT_PROBE_DPO"):
             count += local.numel()
         return {"elements": count, "sha256": digest.hexdigest()}
 
+    def _layer_hooks(module) -> list[int]:
+        """Forward pre- and post-hooks on the first decoder layer: ZeRO-3's fetch and release, one set per engine."""
+        layer = next(m for name, m in module.named_modules() if name.endswith("layers.0"))
+        return [len(layer._forward_pre_hooks), len(layer._forward_hooks)]
+
     class ReferenceProbe(TrainerCallback):
         def __init__(self, trainer):
             self.trainer, self.record = trainer, {}
@@ -52,6 +59,7 @@ if os.environ.get("ZERO_KIT_PROBE_DPO"):
                 "policy_begin": _held(list(policy.named_parameters())),
                 "total": sum(getattr(p, "ds_numel", p.numel()) for _, p in self._reference()),
                 "precompute": trainer.args.precompute_ref_log_probs,
+                "layer_hooks": _layer_hooks(policy),
                 "ref_stage": None if engine is None else engine.zero_optimization_stage(),
                 "ref_optimizer": None
                 if engine is None or engine.optimizer is None
