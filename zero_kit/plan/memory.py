@@ -341,9 +341,8 @@ def comm_bytes_per_step(strategy: str, work: Workload) -> int:
 def evaluate(info: StrategyInfo, work: Workload, hardware: Hardware) -> Option:
     strategy, offload = info.accounting, offload_of(info)
     gpu_states, offloaded, formula = option_state_terms(info, work, hardware)
-    if (
-        work.preference and not work.lora_r and not work.reference_precomputed
-    ):  # DPO's frozen reference (LoRA's is the same weights, adapter off)
+    # DPO's frozen reference (LoRA's is the same weights, adapter off; none once its log-probabilities are precomputed)
+    if work.preference and not work.lora_r and not work.reference_precomputed:
         reference = reference_bytes(strategy, work.n_params, hardware.world_size, work.precision)
         (offloaded if offload == "optimizer+param" else gpu_states)["DPO reference (frozen)"] = reference
     activations = activation_terms(work, strategy)

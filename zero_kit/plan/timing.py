@@ -176,9 +176,8 @@ def compute_seconds(work: Workload, rates: Rates) -> float:
         flops += 2 * (
             shape.layers * 3 * shape.hidden_size * shape.intermediate_size + shape.vocab_size * shape.hidden_size
         )
-    if (
-        work.preference and not work.reference_precomputed
-    ):  # DPO: the frozen reference's forward (2 FLOPs per parameter per token) over both sequences
+    # DPO: the frozen reference's forward (2 FLOPs per parameter per token) over both sequences, unless precomputed
+    if work.preference and not work.reference_precomputed:
         flops += 2 * work.n_params
     return flops * work.rank_tokens / rates.flops_per_s  # a sequence-parallel rank computes its 1/sp
 
