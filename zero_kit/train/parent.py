@@ -98,7 +98,7 @@ def decide_reference(plan: RunPlan, prepared: rundata.Prepared, speak: bool) -> 
     if speak:
         how = "precomputed log-probabilities" if choice.precompute else "a reference model every step"
         say(f"zero-kit train: DPO reference: {how} ({choice.reason})")
-    return replace(plan, dpo_precompute=choice.precompute, dpo_reason=choice.reason)
+    return replace(plan, dpo_precompute=choice.precompute)
 
 
 def _wants_relaunch(plan: RunPlan) -> bool:

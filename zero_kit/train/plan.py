@@ -117,9 +117,8 @@ class RunPlan:
     """The output's claim, held by the starting process (zero_kit.checkpoints.claim): its ranks check it is theirs."""
     dpo_precompute: bool | None = None
     """--method dpo: whether the reference log-probabilities are precomputed (zero_kit.train.preference
-    `choose_reference`, decided once the pairs are prepared and counted; None before that, or for sft)."""
-    dpo_reason: str = ""
-    """Why: --dpo-reference as given, or auto's reason."""
+    `choose_reference`, decided once the pairs are prepared and counted and said with its reason then; None before
+    that, or for sft)."""
 
     @property
     def output(self) -> Path:

@@ -25,11 +25,9 @@ with a release outside the tested range, is refused before any work (zero_kit.tr
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,7 +179,9 @@ def trainer_class(counting) -> type:
     from zero_kit.data.preference import ID_COLUMNS
 
     class PreparedPairsDPOTrainer(DPOTrainer):
-        def __init__(self, *args, **kwargs):
+        def __init__(self, *args, reference_key: str, **kwargs):
+            self.zero_kit_reference_key = reference_key  # read by _precompute_ref_logps, inside TRL's __init__
+            self.zero_kit_precomputed: dict[str, dict] = {}  # what each precompute pass did (say_reference)
             super().__init__(*args, **kwargs)
             engine = getattr(self, "_precompute_engine", None)  # TRL >= 1.9: the precompute's inference engine
             if engine is not None:
@@ -203,8 +203,7 @@ def trainer_class(counting) -> type:
             where = Path(dataset.cache_files[0]["filename"]).parent if dataset.cache_files else None
             before = set(where.glob("cache-*.arrow")) if where else set()
             start = time.monotonic()
-            with _quiet_progress_bars():
-                done = super()._precompute_ref_logps(dataset, name, batch_size)
+            done = super()._precompute_ref_logps(dataset, name, batch_size)
             new = set(where.glob("cache-*.arrow")) - before if where else set()
             self.zero_kit_precomputed[name] = {"pairs": len(dataset), "seconds": time.monotonic() - start,
                                                "reused": where is not None and not new, "where": where}  # fmt: skip
@@ -217,31 +216,6 @@ def trainer_class(counting) -> type:
             """zero-kit runs offline: nothing is sent (TRL >= 1.x reports its trainers' use to the Hub)."""
 
     return counting(PreparedPairsDPOTrainer)
-
-
-@contextmanager
-def _quiet_progress_bars():
-    """TRL's bar over the precompute batches (tqdm, off by TQDM_DISABLE) and datasets' over its caching map: on the
-    terminal of every rank, and the reference's line says what they would. --verbose keeps them."""
-    import datasets
-
-    from zero_kit.log import VERBOSE_ENV
-
-    if os.environ.get(VERBOSE_ENV):
-        yield
-        return
-    was_tqdm, was_on = os.environ.get("TQDM_DISABLE"), not datasets.are_progress_bars_disabled()
-    os.environ["TQDM_DISABLE"] = "1"
-    datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if was_tqdm is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = was_tqdm
-        if was_on:
-            datasets.enable_progress_bars()
 
 
 def build_reference(opts: TrainOptions, precompute: bool):
@@ -266,12 +240,10 @@ def dpo_trainer(cls: type, opts: TrainOptions, model, args, tokenizer, data, cal
     pairs."""
     from zero_kit.train.lora import lora_config
 
-    precompute = args.precompute_ref_log_probs
-    cls = type(cls.__name__, (cls,), {"zero_kit_reference_key": reference_key(opts, args),
-                                      "zero_kit_precomputed": {}})  # fmt: skip
     trainer = cls(
         model=model,
-        ref_model=build_reference(opts, precompute),
+        ref_model=build_reference(opts, args.precompute_ref_log_probs),
+        reference_key=reference_key(opts, args),
         args=args,
         train_dataset=data.dataset,
         eval_dataset=data.eval_dataset,

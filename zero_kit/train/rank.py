@@ -363,8 +363,12 @@ def _trainer(plan: RunPlan, me: Rank, args, model, tokenizer, data: rundata.Data
     from transformers import PrinterCallback
     from transformers.utils import logging as hf_logging
 
-    if os.environ.get(VERBOSE_ENV) != "1":
-        hf_logging.disable_progress_bar()  # a bar per checkpoint's shard writing: the progress line says enough
+    if os.environ.get(VERBOSE_ENV) != "1":  # third-party bars on every rank's terminal: zero-kit's lines say enough
+        import datasets
+
+        hf_logging.disable_progress_bar()  # a bar per checkpoint's shard writing
+        datasets.disable_progress_bars()  # and with TQDM_DISABLE, TRL's over a DPO reference's precompute and caching
+        os.environ.setdefault("TQDM_DISABLE", "1")
 
     from zero_kit.train.callbacks import (
         CompleteCheckpointCallback,
