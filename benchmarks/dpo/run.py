@@ -10,7 +10,7 @@
   this run: median step time (steps 3 to 20) and the precompute's one-off seconds; then the precompute run again on
   the same data cache, which reads the cache back;
 - **memory**: the planner's peak per rank (what `zero-kit train` checks: zero_kit.train.guards.fit.rank_peak)
-  against each rank's measured peak RSS (psutil, every 20 ms, the two rank processes under the deepspeed launcher),
+  against each rank's measured peak RSS (the kernel's high-water mark, benchmarks/startup/measure.py),
   ZeRO-2 and ZeRO-3, on a 40M-parameter LLaMA (benchmarks/plan_rss's shape: the embedded model's 3M would measure
   only the fixed baseline), pairs of up to 64 tokens, micro batch 2.
 
@@ -20,12 +20,9 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -33,9 +30,10 @@ from pathlib import Path
 import psutil
 
 from benchmarks.plan_rss.run import model_dir
+from benchmarks.startup.measure import train
 
 GIB = 2**30
-COMMON = ["train", "--method", "dpo", "--nproc", "2", "--max-length", "64", "--micro-batch", "2", "--log-steps", "1",
+COMMON = ["--method", "dpo", "--nproc", "2", "--max-length", "64", "--micro-batch", "2", "--log-steps", "1",
           "--resume", "never", "--no-memory-check"]  # fmt: skip
 MARGIN_RUNS = {  # full fine-tuning at 2e-4 (the default 1e-3 overfits the 118 pairs within the epoch); LoRA 2e-3
     "zero2": ["--stage", "2", "--lr", "2e-4"],
@@ -46,41 +44,17 @@ MARGIN_RUNS = {  # full fine-tuning at 2e-4 (the default 1e-3 overfits the 118 p
 HELD_OUT = ["--val-size", "0.2", "--eval-steps", "5", "--lr-scheduler", "constant"]
 
 
-def launch(argv: list[str], out: Path, cache: Path, sample_ranks: bool = False) -> dict:
-    """One `zero-kit train` run: its stdout, wall seconds, train_log records and (sample_ranks) each rank's peak
-    RSS, in bytes."""
-    cmd = [sys.executable, "-m", "zero_kit.cli", *COMMON, *argv, "--output", str(out), "--data-cache", str(cache)]
-    started = time.monotonic()
+def launch(argv: list[str], out: Path, cache: Path) -> dict:
+    """One `zero-kit train` run, measured from outside by the startup study's `train` (each rank's peak resident
+    memory, VmHWM): its terminal, wall seconds, train_log records and each rank's peak in bytes."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    terminal = out.parent / f"{out.name}.stdout"
-    with terminal.open("w") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True)
-        peaks: dict[int, int] = {}
-        root = psutil.Process(proc.pid)
-        while proc.poll() is None:
-            for rank in _ranks(root) if sample_ranks else []:
-                with contextlib.suppress(psutil.Error):
-                    peaks[rank.pid] = max(peaks.get(rank.pid, 0), rank.memory_info().rss)
-            time.sleep(0.02)
-    stdout = terminal.read_text()
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stdout[-3000:]}")
+    log = out.parent / f"{out.name}.log"
+    result = train([*COMMON, *argv, "--data-cache", str(cache)], out, log)
+    if result["exit_code"] != 0:
+        raise SystemExit(f"{result['command']} failed ({result['exit_code']}):\n{log.read_text()[-3000:]}")
     records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
-    return {"stdout": stdout, "wall_s": time.monotonic() - started, "records": records,
-            "rank_peaks": sorted(peaks.values())}  # fmt: skip
-
-
-def _ranks(root: psutil.Process) -> list[psutil.Process]:
-    """The rank processes: children of DeepSpeed's per-node launcher (deepspeed.launcher.launch)."""
-    found = []
-    try:
-        for child in root.children(recursive=True):
-            parent = child.parent()
-            if parent is not None and "deepspeed.launcher.launch" in " ".join(parent.cmdline()):
-                found.append(child)
-    except psutil.Error:
-        pass
-    return found
+    return {"stdout": log.read_text(), "wall_s": result["wall_s"], "records": records,
+            "rank_peaks": [mib * 2**20 for mib in result["peak_rss_mib_per_rank"]]}  # fmt: skip
 
 
 def margin_part(work: Path) -> list[dict]:
@@ -143,7 +117,7 @@ def memory_part(work: Path) -> list[dict]:
         for reference in ("model", "precompute"):
             out = work / f"memory_zero{stage}_{reference}"
             done = launch(["--model", str(model), "--stage", str(stage), "--max-steps", "6", "--no-export",
-                           "--dpo-reference", reference], out, work / "cache", sample_ranks=True)  # fmt: skip
+                           "--dpo-reference", reference], out, work / "cache")  # fmt: skip
             plan = planned_rank_peak(model, stage, reference == "precompute")
             peak = max(done["rank_peaks"])
             rows.append({"part": "memory", "run": f"zero{stage} {reference}", "planned": plan,
