@@ -67,7 +67,6 @@ from __future__ import annotations
 from typing import Any
 
 from zero_kit.lint import (
-    ds_parse,
     rules_batch,
     rules_consumer,
     rules_tp,
@@ -77,12 +76,16 @@ from zero_kit.lint import (
     rules_zeropp,
 )
 from zero_kit.lint import rules as lint_rules
-from zero_kit.lint import schema as lint_schema
 from zero_kit.lint.problem import ROOT, LintContext, Problem
 
 
 def lint(config: Any, context: LintContext | None = None) -> list[Problem]:
     """Every problem in `config` (a parsed DeepSpeed JSON), errors and warnings, in one list."""
+    # DeepSpeed's schema and parse are imported here: the rule pass alone (check_rules, run by `zero-kit config` on
+    # every config it writes) never reads the installed DeepSpeed, and its command starts within 2x a bare Python
+    from zero_kit.lint import ds_parse
+    from zero_kit.lint import schema as lint_schema
+
     context = context or LintContext()
     if not isinstance(config, dict):
         kind = type(config).__name__

@@ -8,13 +8,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from zero_kit.lint.discover import discover, hf_trainer_auto_keys
-from zero_kit.lint.installed import dtype_names
 from zero_kit.lint.problem import ROOT, Problem, Target, did_you_mean, is_number, join, lookup
 
 
 def auto_rules(autos: list[str], dropped: dict[str, Any], target: Target) -> list[Problem]:
     """ "auto" is a placeholder that only the HF Trainer (and accelerate) fill, and only at certain keys."""
+    from zero_kit.lint.discover import hf_trainer_auto_keys  # `lint`'s rule only: `check_rules` reads no DeepSpeed
+
     # transformers is imported only when some "auto" needs judging (it costs seconds).
     filled = hf_trainer_auto_keys() if autos and target != "deepspeed" else frozenset()
     problems = []
@@ -104,6 +104,9 @@ def dtype_rules(config: dict) -> list[Problem]:
     section = config.get("data_types")
     if not isinstance(section, dict):
         return []
+    from zero_kit.lint.discover import discover  # `lint`'s rule only: `check_rules` reads no DeepSpeed
+    from zero_kit.lint.installed import dtype_names
+
     problems = []
     for key in (k for k in discover().keys.get("data_types", {}) if k.endswith("_dtype")):
         value = section.get(key)

@@ -17,7 +17,6 @@ reproduced in tests/unit/test_lint_autotp.py (and, for the world size, tests/dis
 
 from __future__ import annotations
 
-from zero_kit.lint.installed import autotp_refuses_zero3, autotp_shards_from_config, deepspeed_version
 from zero_kit.lint.problem import LintContext, Problem, lookup
 
 PATH = "tensor_parallel.autotp_size"
@@ -33,6 +32,9 @@ def tp_rules(config: dict, context: LintContext) -> list[Problem]:
     tp = autotp_size(config)
     if tp < 2:
         return []
+    # the installed DeepSpeed is read only for an AutoTP config: `zero-kit config` without --tp never imports it
+    from zero_kit.lint.installed import autotp_shards_from_config, deepspeed_version
+
     problems = _stage_and_size(config, context, tp)
     problems += _heads(context, tp)
     if not autotp_shards_from_config():
@@ -46,6 +48,8 @@ def tp_rules(config: dict, context: LintContext) -> list[Problem]:
 
 
 def _stage_and_size(config: dict, context: LintContext, tp: int) -> list[Problem]:
+    from zero_kit.lint.installed import autotp_refuses_zero3, autotp_shards_from_config, deepspeed_version
+
     problems = []
     if lookup(config, "zero_optimization.stage") == 3 and autotp_refuses_zero3():
         message = (
