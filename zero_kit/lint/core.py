@@ -66,6 +66,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from zero_kit.lint import rules as lint_rules
 from zero_kit.lint import (
     rules_batch,
     rules_consumer,
@@ -75,7 +76,6 @@ from zero_kit.lint import (
     rules_zero,
     rules_zeropp,
 )
-from zero_kit.lint import rules as lint_rules
 from zero_kit.lint.problem import ROOT, LintContext, Problem
 
 
