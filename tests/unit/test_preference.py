@@ -272,7 +272,7 @@ def test_the_planner_counts_the_reference_and_two_sequences_per_pair():
     parameter offload; activations of twice the sequences; the reference's forward in the step time."""
     from zero_kit.plan import KNOWN_SHAPES, Workload
     from zero_kit.plan.memory import activation_terms
-    from zero_kit.plan.timing import compute_seconds
+    from zero_kit.plan.timing import compute_seconds, precompute_seconds
 
     shape = KNOWN_SHAPES["llama-3-8b"]
     n, sft, dpo = shape.n_params, _dpo_plan(), _dpo_plan(preference=True)
@@ -292,6 +292,9 @@ def test_the_planner_counts_the_reference_and_two_sequences_per_pair():
     assert precomputed["zero3"].gpu_bytes()["total"] < dpo["zero3"].gpu_bytes()["total"]
     ahead = Workload(shape, n, 2048, 1, preference=True, reference_precomputed=True)
     assert compute_seconds(ahead, rates) == pytest.approx(compute_seconds(doubled, rates))
+    # its one-off time: the reference forwards a run with the model spends on the same pairs (8 ranks, a pair each)
+    per_step = compute_seconds(pairs, rates) - compute_seconds(ahead, rates)
+    assert precompute_seconds(ahead, 8, rates, pairs=8 * 125) == pytest.approx(125 * per_step)
 
 
 def test_plan_method_dpo_on_the_command_line(capsys):
@@ -301,9 +304,15 @@ def test_plan_method_dpo_on_the_command_line(capsys):
     shown = capsys.readouterr().out
     assert "DPO (2 sequences per pair; reference: a frozen copy of the model)" in shown
     assert "recommended: zero3" in shown
-    argv = ["plan", "--model", "llama-3-8b", "--gpu-mem", "80GB", "--method", "dpo", "--dpo-reference", "precompute"]
+    argv = ["plan", "--model", "llama-3-8b", "--gpu-mem", "80GB", "--gpus-per-node", "8", "--method", "dpo",
+            "--dpo-reference", "precompute"]  # fmt: skip
     assert main(argv) == 0
-    assert "reference: log-probabilities precomputed before training, no model" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "reference: log-probabilities precomputed before training, no model" in shown
+    assert "DPO reference precomputed before training: 20.8 s per 1,000 pairs on 8 GPU(s)" in shown
+    assert main([*argv, "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)["run"]
+    assert run["dpo_reference"] == "precompute" and run["dpo_precompute_s_per_1000_pairs"] == pytest.approx(20.8, 0.01)
     assert main(["plan", "--model", "llama-3-8b", "--gpu-mem", "80GB", "--method", "dpo", "--tp", "2"]) == 2
     assert "data-parallel layouts only" in capsys.readouterr().err
 

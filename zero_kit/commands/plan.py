@@ -93,7 +93,8 @@ class PlanOptions:
     layouts only."""
     dpo_reference: Literal["auto", "model", "precompute"] = "auto"
     """--method dpo's reference (zero-kit train --dpo-reference): model charges a frozen copy's weights and its forward
-    every step; precompute charges neither (the log-probabilities are computed once before training). auto: as model
+    every step; precompute charges neither (the log-probabilities are computed once before training; that one-off
+    time is given per 1,000 pairs). auto: as model
     (a run shorter than one pass over the pairs keeps the model; a longer one precomputes and needs less)."""
     margin: float = 0.10
     """Fraction of GPU memory kept free for spikes and fragmentation."""

@@ -10,7 +10,7 @@ from zero_kit.metrics import gib
 from zero_kit.plan.assumptions import describe
 from zero_kit.plan.memory import Option
 from zero_kit.plan.recommend import Plan
-from zero_kit.plan.timing import TERMS
+from zero_kit.plan.timing import PRECOMPUTE_PAIRS, TERMS, precompute_seconds
 
 
 def render_text(plan: Plan, label: str) -> str:
@@ -96,6 +96,13 @@ def time_table(plan: Plan) -> list[str]:
         f" {rates.inter_bytes_per_s * 8 / 1e9:g} Gbit/s per node, {rates.latency_s * 1e6:g} us per collective call,"
         f" {rates.overlap:.0%} of overlappable comm hidden (ring model: zero_kit.plan.timing)"
     )
+    if plan.work.preference and plan.work.reference_precomputed:
+        seconds = precompute_seconds(plan.work, plan.hardware.world_size, rates)
+        lines.append(
+            f"  DPO reference precomputed before training: {seconds:.3g} s per {PRECOMPUTE_PAIRS:,} pairs on"
+            f" {plan.hardware.world_size} GPU(s) (one forward of the starting model per pair, once; a run with the"
+            " reference model spends that on each pair every time it reads it)"
+        )
     return lines
 
 
@@ -192,6 +199,9 @@ def render_json(plan: Plan, label: str) -> str:
             "lora_r": plan.work.lora_r,
             "activation_checkpointing": plan.work.activation_checkpointing,
             "method": "dpo" if plan.work.preference else "sft",
+            "dpo_reference": ("precompute" if plan.work.reference_precomputed else "model")
+            if plan.work.preference
+            else None,
         },
         "hardware": asdict(plan.hardware) | {"world_size": plan.hardware.world_size},
         "units": "bytes",
@@ -201,6 +211,9 @@ def render_json(plan: Plan, label: str) -> str:
         "rank_by": plan.rank_by,
         "rates": asdict(plan.rates) if plan.rates is not None else None,
     }
+    if plan.work.preference and plan.work.reference_precomputed and plan.rates is not None:
+        seconds = precompute_seconds(plan.work, plan.hardware.world_size, plan.rates)
+        document["run"]["dpo_precompute_s_per_1000_pairs"] = seconds * 1000 / PRECOMPUTE_PAIRS
     if plan.longest is not None:
         document["longest"] = [asdict(longest) for longest in plan.longest]
     return json.dumps(document, indent=2)

@@ -182,6 +182,18 @@ def compute_seconds(work: Workload, rates: Rates) -> float:
     return flops * work.rank_tokens / rates.flops_per_s  # a sequence-parallel rank computes its 1/sp
 
 
+PRECOMPUTE_PAIRS = 1000
+"""The pairs `precompute_seconds` is quoted for: the plan does not know the data set's size."""
+
+
+def precompute_seconds(work: Workload, world_size: int, rates: Rates, pairs: int = PRECOMPUTE_PAIRS) -> float:
+    """DPO with precomputed reference log-probabilities (`--dpo-reference precompute`): the one-off forward of the
+    starting model over `pairs` pairs, both sequences, before training, shared by every rank (2 FLOPs per parameter
+    per token). A run with the reference model spends the same on each pair every time it reads it (the reference
+    term of `compute_seconds`); the gathers of a ZeRO-3 forward are not counted."""
+    return pairs * 2 * work.seq_len * 2 * work.n_params / world_size / rates.flops_per_s
+
+
 def offload_seconds(info: StrategyInfo, work: Workload, hardware: Hardware, rates: Rates) -> tuple[float, float]:
     """(PCIe seconds per GPU, CPU Adam seconds per node) per step; zero without offload."""
     offload = offload_of(info)
