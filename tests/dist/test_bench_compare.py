@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
+from tests.support import docs
 from zero_kit.bench import BenchOptions, run_bench
 from zero_kit.cli import main
 from zero_kit.dist import THP_ENV
@@ -27,8 +28,8 @@ pytestmark = pytest.mark.dist
 # zero3_release is ZeRO-3 with parameters released after forward (the paper's schedule); the generator's default
 # zero3 runs in the multinode test and in the recorded benchmark. Kept to 5 launches for CI time.
 STRATEGIES = ["ddp", "fsdp", "zero1", "zero2", "zero3_release"]
-USER = "ds_config:zero2_cpu"
-"""The row of --ds-config zero2_cpu.json: one more launch, after the named strategies."""
+USER = "ds_config:my_zero2"
+"""The row of --ds-config my_zero2.json (docs/comparing.md's name): one more launch, after the named strategies."""
 RUNS = [*STRATEGIES, USER]
 PSI_BYTES_FP32 = 4
 
@@ -37,7 +38,7 @@ PSI_BYTES_FP32 = 4
 def user_file(tmp_path_factory):
     """The generator's ZeRO-2 CPU config at the bench's learning rate and buckets for its hidden size, with batch keys
     the bench must replace (micro 7 x accum 3 x 2 ranks = train_batch_size 42)."""
-    path = tmp_path_factory.mktemp("config") / "zero2_cpu.json"
+    path = tmp_path_factory.mktemp("config") / "my_zero2.json"
     argv = ["config", "--stage", "2", "--device", "cpu", "--lr", str(BenchOptions().lr), "--hidden-size", "96",
             "--micro-batch", "7", "--grad-accum", "3", "--world-size", "2", "-o", str(path)]  # fmt: skip
     assert main(argv) == 0
@@ -245,6 +246,21 @@ def test_deepspeeds_own_timers_agree_with_the_phases(records, name):
     assert records["ddp"]["ds_timers_ms"] is None and records["fsdp"]["ds_timers_ms"] is None
 
 
+def _parity_word() -> str:
+    """DeepSpeed 0.18.3 (the compatibility job's) steps the file's own AdamW section (torch's, built by DeepSpeed)
+    4.0e-3 away from DDP over 20 steps, 0.19.8 within 1e-5: the ds_config row's parity column says which."""
+    return "yes" if Version(version("deepspeed")) >= Version("0.19") else "NO"
+
+
+def test_the_docs_rows_are_the_tables(bench_out):
+    """docs/comparing.md's two rows (DDP's and the own config's) are this table's, figures free: the same columns,
+    precision, layout, formulas and parity verdicts (the sample is DeepSpeed 0.19.8's; 0.18.3 says NO)."""
+    ddp_row, own_row = docs.covered("bench-rows").text.strip().splitlines()
+    sample = f"{ddp_row}\n{own_row.replace('| yes (', f'| {_parity_word()} (')}\n"
+    table = (bench_out / "table.md").read_text()
+    assert docs.missing_lines(sample, table, shape=True) == [], table
+
+
 def test_the_user_config_ran_as_written_but_for_the_batch_and_is_recorded_by_its_stage(records, bench_out, user_file):
     # Issue 36: the record keeps the file and the config that ran (the bench's batch keys, its switches, torch's
     # fused AdamW on CPU), and the report predicts from the file's stage; --report re-renders without the file.
@@ -264,9 +280,7 @@ def test_the_user_config_ran_as_written_but_for_the_batch_and_is_recorded_by_its
     assert main(["bench", "--report", str(bench_out)]) == 0
     table = (bench_out / "table.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith(f"| {USER} |"))
-    # DeepSpeed 0.18.3 (the compatibility job's) steps the file's own AdamW section (torch's, built by DeepSpeed) 4.0e-3
-    # away from DDP over 20 steps, 0.19.8 within 1e-5; the row says which, and its arithmetic is the same either way.
-    parity = "yes" if Version(version("deepspeed")) >= Version("0.19") else "NO"
+    parity = _parity_word()  # the arithmetic is the same either way
     assert predicted["formula"] in row
     assert row.endswith(f"| {parity} ({records[USER]['max_abs_loss_diff_vs_ddp']:.1e}) |"), row
     assert f"{USER}: {user_file} (ZeRO-2), run as written except: train_micro_batch_size_per_gpu 7 -> 2" in table
