@@ -119,3 +119,40 @@ def test_bf16_states_only_when_they_save_offload():
     else:
         assert plan.recommended.info.name == "zero3_bf16states"
         assert any("updates round to bf16" in reason for reason in plan.reasons)
+
+
+def test_ulysses_all_to_alls_by_hand(capsys):
+    """--sp 8, Llama-3-8B at 32k tokens: 4 all-to-alls a layer over the sp group (k and v replicated up to 8 heads),
+    each rank sending 7/8 of its b s/8 slice, in forward and backward (and the recomputed forward with activation
+    checkpointing), inside the node, not overlapped, timed in forward_backward. docs/long_sequences.md quotes the
+    figures of the plan's JSON."""
+    import json
+    from dataclasses import replace
+
+    from zero_kit.cli import main
+
+    shape = KNOWN_SHAPES["llama-3-8b"]
+    work = Workload(shape, shape.n_params, 32768, 1, "bf16", sp=8)
+    (a2a,) = [c for c in collectives(STRATEGIES["zero3"], work, 8) if c.kind == "alltoall"]
+    per_pass = 32 * 4096 * (2 * 32 + 2 * 8) * 128 * 2  # layers x b s/sp x (q, out: 32 heads; k, v: 8) x d x bf16
+    assert (a2a.payload, a2a.calls, a2a.overlappable, a2a.size) == (2 * per_pass, 256, False, 8)
+    tiers = tier_bytes(a2a, 1, 8)
+    assert (tiers.per_rank, tiers.inter_node) == (7 / 8 * 2 * per_pass, 0.0)
+    assert tier_bytes(a2a, 2, 8).inter_node == 0.0  # a group of 8 on nodes of 8 never crosses a node
+    checkpointed = [c for c in collectives(STRATEGIES["zero2"], replace(work, activation_checkpointing=True), 8)]
+    assert [c.payload for c in checkpointed if c.kind == "alltoall"] == [3 * per_pass]
+    assert not [c for c in collectives(STRATEGIES["zero3"], replace(work, sp=1), 8) if c.kind == "alltoall"]
+    argv = ["plan", "--model", "llama-3-8b", "--gpu-mem", "80GB", "--gpus-per-node", "8", "--seq-len", "32768"]
+    assert main([*argv, "--sp", "8", "--json"]) == 0
+    zero3 = next(o for o in json.loads(capsys.readouterr().out)["options"] if o["label"] == "zero3")
+    shown = next(c for c in zero3["timing"]["collectives"] if c["kind"] == "alltoall")
+    assert (
+        round(shown["ring_bytes_sent_per_gpu"] / 2**30, 1) == 4.4
+        and round(zero3["comm_bytes_per_step"] / 2**30, 1) == 44.9
+    )
+    assert (
+        round(shown["intra_node_s"] + shown["latency_s"], 3) == 0.016
+        and round(zero3["timing"]["step_time_s"], 2) == 1.07
+    )
+    phases = zero3["timing"]["phases_s"]
+    assert phases["p2p"] == 0.0 and phases["forward_backward"] > zero3["timing"]["seconds"]["compute"]

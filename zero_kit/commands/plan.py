@@ -86,7 +86,7 @@ class PlanOptions:
     sp: int = 1
     """Ulysses sequence parallelism (zero-kit train --sp): each GPU holds seq_len / sp tokens of every sequence, so
     its activations, logits and compute are those of seq_len / sp; it must divide --gpus-per-node. Data-parallel
-    layouts only; the all-to-all traffic is not in the step time yet."""
+    layouts only. Its all-to-alls (4 per layer, in forward and backward) are in the bytes sent and the step time."""
     method: Literal["sft", "dpo"] = "sft"
     """dpo: preference tuning (zero-kit train --method dpo): two sequences per pair (--micro-batch counts pairs) and
     a frozen reference model (its weights per rank; LoRA: none) whose forward each step runs too. Data-parallel

@@ -44,7 +44,8 @@ Step = T_comp + exposed comm + T_offload + exposed overhead. The dominant term i
 intra-node comm, inter-node comm, offload and overhead (their full times, before overlap).
 
 The same step in the bench's phase names (`StepTime.phases`, `zero-kit plan --json`: timing.phases_s) is a
-regrouping of these terms, not another model: forward_backward = T_comp (the model does not split the two);
+regrouping of these terms, not another model: forward_backward = T_comp (the model does not split the two), and
+the seconds of Ulysses' all-to-alls (`--sp`), which run inside attention;
 reduction and gather = the full seconds of the reducing (all-reduce, reduce-scatter) and gathering (all-gather)
 collectives; hidden_comm = minus the hidden seconds (the bench's reduction and gather columns are what stayed
 exposed, so they compare with these two less the overlap); p2p = a pipeline's sends; step = T_offload (the GPU's
@@ -137,10 +138,14 @@ class StepTime:
     def phases(self) -> dict[str, float]:
         """The step in the bench's phase names, the same terms regrouped (module doc); the values add up to step_s."""
         by_kind = {"reduction": 0.0, "gather": 0.0, "p2p": 0.0}
+        inside = 0.0  # Ulysses' all-to-alls run inside attention: the bench times them in forward and backward
         for c in self.comms:
-            by_kind[COMM_PHASE.get(c.collective.kind, "p2p")] += c.seconds  # the bench's kinds; sends: p2p
+            if c.collective.kind == "alltoall":
+                inside += c.seconds
+            else:
+                by_kind[COMM_PHASE.get(c.collective.kind, "p2p")] += c.seconds  # the bench's kinds; sends: p2p
         return {
-            "forward_backward": self.compute_s,
+            "forward_backward": self.compute_s + inside,
             **by_kind,
             "hidden_comm": -self.hidden_s,
             "step": self.offload_s,

@@ -29,6 +29,14 @@ Per strategy (DeepSpeed 0.19.8, torch 2.13 FSDP2):
   FSDP2 reshard_after_forward=L: as FSDP2, but the backward all-gather runs over the `node` group (the blocks
     kept a node-sized shard after forward).
 
+Ulysses sequence parallelism (--sp, any strategy above, whose collectives stay over the world): in every attention
+layer DeepSpeed's UlyssesSPAttentionHF turns q, k and v from the rank's b x s/sp tokens of all heads into the whole
+sequence of heads/sp, and the attention output back: 4 all-to-alls a layer, each rank's payload its own b s/sp x
+(heads x head_dim) activations (k and v with the key/value heads, replicated up to sp when fewer), a = the run's
+precision. Backward sends the same in reverse and activation checkpointing repeats the forward's (3 passes, else
+2). Over the sp group, consecutive ranks inside one node (the run refuses a group across nodes); each rank sends
+(sp-1)/sp of its payload; not overlapped with compute.
+
 Ring model (metrics.ring_bytes): in a group of G ranks each rank sends B = 2(G-1)/G x S for an all-reduce, (G-1)/G
 x S for an all-gather or reduce-scatter, to its ring successor (metrics.ring_link_tier). A world ring crosses
 nodes M times (when M > 1): of all ranks' bytes, M x B are inter-node and (N - M) x B intra-node. A node ring is
@@ -60,7 +68,8 @@ class Collective:
     calls: int
     overlappable: bool
     group: str = "world"
-    """world, node or across (module doc); tp, dp or pp for a model-parallel layout (zero_kit.plan.parallel)."""
+    """world, node or across (module doc); sp for Ulysses' group; tp, dp or pp for a model-parallel layout
+    (zero_kit.plan.parallel)."""
     size: int = 0
     """A layout's group (0: the named group): `size` ranks `stride` apart, in blocks of size x stride ranks."""
     stride: int = 1
@@ -122,6 +131,23 @@ def step_tier_bytes(info: StrategyInfo, work: Workload, nodes: int, ranks_per_no
 def collectives(info: StrategyInfo, work: Workload, ranks_per_node: int = 1) -> list[Collective]:
     """The collectives one optimizer step issues (module doc), with their payloads, call counts and groups.
     `ranks_per_node` sizes HSDP's cross-node all-reduce (the shard of one node's rank)."""
+    return _data_parallel(info, work, ranks_per_node) + ulysses(work)
+
+
+def ulysses(work: Workload) -> list[Collective]:
+    """Ulysses sequence parallelism's all-to-alls (`--sp`; module doc), none without it."""
+    if work.sp <= 1:
+        return []
+    shape = work.shape
+    head_dim = shape.hidden_size // shape.heads
+    heads = 2 * shape.heads + 2 * max(shape.kv_heads, work.sp)  # q and out; k and v, replicated up to sp
+    per_pass = shape.layers * work.rank_tokens * heads * head_dim * DTYPE_BYTES[work.precision]
+    passes = 3 if work.activation_checkpointing else 2  # forward, backward, and the forward recomputed
+    return [Collective("all-to-all q/k/v/out (Ulysses)", "alltoall", passes * per_pass, 4 * passes * shape.layers,
+                       False, "sp", size=work.sp)]  # fmt: skip
+
+
+def _data_parallel(info: StrategyInfo, work: Workload, ranks_per_node: int) -> list[Collective]:
     psi, trainable = work.n_params, work.trainable_params or work.n_params
     a = 2 if info.low_precision_states else DTYPE_BYTES[work.precision]
     match info.accounting:
