@@ -182,6 +182,28 @@ def test_a_trl_outside_the_tested_range_or_loss_it_lacks_is_refused(monkeypatch)
     preference.check_trl(TrainOptions(method="dpo"))
 
 
+def test_trls_weight_hash_gives_way_to_zero_kits_key():
+    """TRL's DPOTrainer.__init__ hashes every weight for its precompute cache key through its module's name
+    `hash_module` (pinned here against the installed TRL: from 1.9, the TRL zero-kit precomputes with); while
+    zero-kit's trainer is built that name returns zero-kit's key without reading a weight, and is restored after,
+    also when the build fails."""
+    import inspect
+
+    from trl import DPOTrainer
+    from trl.trainer import dpo_trainer
+
+    if not preference.precompute_supported(preference.trl_version()):
+        with preference._keyed_by("key"):  # an older TRL: nothing to stand in for
+            return
+    assert "hash_module(self.ref_model or self.model)" in inspect.getsource(DPOTrainer.__init__)
+    original, read = dpo_trainer.hash_module, []
+    module = SimpleNamespace(state_dict=lambda: read.append(1) or {})
+    with pytest.raises(RuntimeError), preference._keyed_by("zero-kit key"):
+        assert dpo_trainer.hash_module(module) == "zero-kit key" and read == []
+        raise RuntimeError("the trainer's build failed")
+    assert dpo_trainer.hash_module is original
+
+
 def test_precompute_needs_the_trl_that_runs_it_under_deepspeed(monkeypatch):
     """TRL before 1.9.0 (huggingface/trl#6403) ran its precompute on parameters DeepSpeed had not placed yet."""
     monkeypatch.setattr(preference, "trl_version", lambda: "1.8.0")

@@ -16,7 +16,8 @@ reference log-probabilities of every pair once before training (the starting mod
 inference engine, or with the adapter off) and caches them beside the prepared pairs; the next run on the same pairs
 and the same starting model reads them back. zero_kit keys that cache by the model's identity (`reference_key`):
 TRL's own key hashes the model's state_dict, which under ZeRO-3 holds only empty partitioned placeholders, so any
-two models of one architecture would share an entry.
+two models of one architecture would share an entry. TRL still computes that hash in its __init__ (every weight as
+fp32 bytes through sha256, on every rank): zero-kit's key stands in for it there (`_keyed_by`).
 
 The pairs were tokenized once by the starting process as TRL tokenizes them (zero_kit.data.preference): TRL's own
 preparation is skipped for them. TRL is an optional dependency (`pip install 'zero_kit[dpo]'`): a run without it, or
@@ -25,6 +26,7 @@ with a release outside the tested range, is refused before any work (zero_kit.tr
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import time
@@ -182,7 +184,8 @@ def trainer_class(counting) -> type:
         def __init__(self, *args, reference_key: str, **kwargs):
             self.zero_kit_reference_key = reference_key  # read by _precompute_ref_logps, inside TRL's __init__
             self.zero_kit_precomputed: dict[str, dict] = {}  # what each precompute pass did (say_reference)
-            super().__init__(*args, **kwargs)
+            with _keyed_by(reference_key):
+                super().__init__(*args, **kwargs)
             engine = getattr(self, "_precompute_engine", None)  # TRL >= 1.9: the precompute's inference engine
             if engine is not None:
                 # TRL keeps it for a later evaluate(); at ZeRO-3 its parameter hooks stay on the trained model and
@@ -216,6 +219,26 @@ def trainer_class(counting) -> type:
             """zero-kit runs offline: nothing is sent (TRL >= 1.x reports its trainers' use to the Hub)."""
 
     return counting(PreparedPairsDPOTrainer)
+
+
+@contextlib.contextmanager
+def _keyed_by(key: str):
+    """TRL's DPOTrainer.__init__ hashes every weight of the starting model for its precompute cache key
+    (`hash_module`: each tensor as fp32 bytes through sha256; 11.8 s for a 1.1B-parameter model on one core of this
+    machine, on every rank at every start: about 90 s at 8B), a key zero-kit then replaces (`reference_key`).
+    While the trainer is built, the name TRL's module calls returns zero-kit's key instead.
+    tests/unit/test_preference.py pins that name against the installed TRL."""
+    from trl.trainer import dpo_trainer
+
+    hashing = getattr(dpo_trainer, "hash_module", None)
+    if hashing is None:  # a TRL without the precompute cache (zero-kit runs its precompute on TRL >= 1.9 only)
+        yield
+        return
+    dpo_trainer.hash_module = lambda module: key
+    try:
+        yield
+    finally:
+        dpo_trainer.hash_module = hashing
 
 
 def build_reference(opts: TrainOptions, precompute: bool):
