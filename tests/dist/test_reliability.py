@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from reliability_helpers import STEPS, rank_pid, start, zero3_reference
 
-from tests.support.jobs import Descendants, assert_stopped_cleanly, kill_group, survivors, wait_for
+from tests.support.jobs import Descendants, assert_stopped_cleanly, kill_group, shm_left, survivors, wait_for
 from tests.support.runs import (
     assert_bitwise_equal,
     assert_losses_continue,
@@ -73,6 +73,7 @@ def test_1_killed_rank_stops_the_job_in_bounded_time(shared):
     assert code != 0
     assert stop_s < STOP_BOUND_S
     assert survivors(job.proc.pid) == [], "a rank outlived the job"
+    assert shm_left(29802) == []  # issue 50: a killed run leaves nothing in /dev/shm (no rank maps DeepSpeed's shm op)
     # issue 40: a rank killed by SIGKILL (what the kernel's OOM killer does) is named, with its last RSS as the
     # supervisor sampled it, the planner's peak per rank and the flags that lower it, in the job's last line
     last = job.text().strip().splitlines()[-1]
@@ -105,6 +106,7 @@ def test_2_kill_during_save_resumes_from_previous_complete(shared, index):
     job = start(out, 29810 + index, "--resume", "auto", pause=(moment, ck.name, marker))
     wait_for(marker.is_file, f"the save of {ck.name} to reach '{moment}'", job, poll=0.05)
     kill_group(job.proc)  # SIGKILL launcher and every rank at once: a node losing power mid-save
+    assert shm_left(29810 + index) == []  # no cleanup ran, and still nothing in /dev/shm
     seen = files_in(ck)
     print(f"\nkilled at '{moment}' of the save of {ck.name}: {len(seen)} file(s) there: {seen}")
     assert resumed_from(job.text()) == complete, "the relaunch did not resume from the previous complete checkpoint"
