@@ -41,3 +41,15 @@ def test_a_traceback_with_no_cause_said_before_it_is_shown(tmp_path):
 def test_verbose_shows_every_line(tmp_path):
     log, shown = _feed(tmp_path, [LAUNCHER, CAUSE, *PEER], verbose=True)
     assert shown == "".join([LAUNCHER, CAUSE, *PEER]) and (log.hidden, log.aftermath) == (0, 0)
+
+
+def test_a_failed_ranks_command_is_named_on_the_terminal_and_kept_whole_in_the_log(tmp_path):
+    argv = "['/venv/bin/python', '-u', '-m', 'zero_kit.cli', '--local_rank=1', 'train', '--stage', '3', '--lr', '0.001']"
+    failed = f"[2026-11-29 03:00:42,001] [ERROR] [launch.py:259:sigkill_handler] {argv} exits with return code = 1\n"
+    log, shown = _feed(tmp_path, [CAUSE, failed])
+    assert shown == CAUSE + (
+        "[2026-11-29 03:00:42,001] [ERROR] [launch.py:259:sigkill_handler] a rank's command"
+        f" (in {tmp_path / 'zero_kit.log'}) exits with return code = 1\n"
+    )
+    assert log.path.read_text() == CAUSE + failed
+    assert _feed(tmp_path / "v", [failed], verbose=True)[1] == failed

@@ -5,7 +5,8 @@ The `deepspeed` launcher (runner.py, launch.py) logs through DeepSpeed's logger 
 lines it runs, "Setting CUDA_VISIBLE_DEVICES=0,1" on a host without a GPU, "Unable to find hostfile", each rank's
 "exits successfully", and "Setting accelerator to CPU" from each launcher process. 13 of the quick start's 73 lines;
 none is about the user's run, which zero-kit's own lines describe. Its ERROR lines (a rank's exit code) stay on the
-terminal. `--verbose` (ZERO_KIT_VERBOSE=1) shows everything.
+terminal; the one that names a failed rank's whole command (`sigkill_handler`: its argv list, hundreds of characters)
+shows there without the argv, which the log keeps. `--verbose` (ZERO_KIT_VERBOSE=1) shows everything.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ LAUNCHER_LINE = re.compile(
 """A DeepSpeed logger line of the launcher's own modules, at INFO or WARNING (deepspeed/utils/logging.py's format)."""
 
 
+RANK_COMMAND_FAILED = re.compile(r"^(\[[^\]]+\] \[ERROR\] \[launch\.py:\d+:sigkill_handler\] )\[.*\] (exits with .*)$")
+"""The launcher's line for a rank that failed: `[...] [ERROR] [launch.py:N:sigkill_handler] ['python', '-u', '-m',
+..., every flag] exits with return code = 1`."""
 FAILED = re.compile(r"^zero-kit \w+: error: ")
 """A rank's own line for why it stopped (zero_kit's errors: out of memory, a full disk, a diverged loss)."""
 AFTERMATH = re.compile(r"^\[rank\d+\]:")
@@ -64,6 +68,9 @@ class RunLog:
             if self.failed and AFTERMATH.match(line) and not self.verbose:
                 self.aftermath += 1
                 return
+            command = None if self.verbose else RANK_COMMAND_FAILED.match(line.rstrip("\n"))
+            if command:
+                line = f"{command[1]}a rank's command (in {self.path}) {command[2]}\n"
             terminal.write(line)
             terminal.flush()
 
