@@ -44,7 +44,9 @@ def test_verbose_shows_every_line(tmp_path):
 
 
 def test_a_failed_ranks_command_is_named_on_the_terminal_and_kept_whole_in_the_log(tmp_path):
-    argv = "['/venv/bin/python', '-u', '-m', 'zero_kit.cli', '--local_rank=1', 'train', '--stage', '3', '--lr', '0.001']"
+    argv = (
+        "['/venv/bin/python', '-u', '-m', 'zero_kit.cli', '--local_rank=1', 'train', '--stage', '3', '--lr', '0.001']"
+    )
     failed = f"[2026-11-29 03:00:42,001] [ERROR] [launch.py:259:sigkill_handler] {argv} exits with return code = 1\n"
     log, shown = _feed(tmp_path, [CAUSE, failed])
     assert shown == CAUSE + (
