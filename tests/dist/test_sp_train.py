@@ -3,7 +3,8 @@ and DeepSpeed's tiled MLP and logits-loss: ALST) on 2 CPU ranks under ZeRO-3, ag
 batches at sp=1 without tiling, fp32:
 
 - the same per-step loss within 1e-5 over 10 steps and the same tokens counted (each rank counts the tokens of its
-  half of every sequence: the halves add up to the rows);
+  half of every sequence: the halves add up to the rows), and the same eval loss on the held-out rows at steps 5 and
+  10 (the Trainer's evaluation runs under the same sequence parallelism, untiled);
 - the shipped rows differ in length: on CPU every batch is padded to --max-length (a multiple of --sp), since gloo
   gathers a group's batches at one size only, and the padding is out of the loss (the parity above); 512 tokens are
   256 per rank, two slices of the tiny model's width (192) for the MLP and the loss (tests/unit/test_tiled.py: the
@@ -23,7 +24,8 @@ from tests.support.runs import assert_losses_continue, assert_trained, log_recor
 
 pytestmark = pytest.mark.dist
 STEPS = 10
-COMMON = ["--stage", "3", "--micro-batch", "2", "--max-length", "512", "--max-steps", str(STEPS), "--log-steps", "1"]
+COMMON = ["--stage", "3", "--micro-batch", "2", "--max-length", "512", "--max-steps", str(STEPS), "--log-steps", "1",
+          "--val-size", "0.05", "--eval-steps", "5"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +44,10 @@ def test_sp2_losses_and_tokens_match_one_rank_at_sp1(runs):
     alone = assert_trained(runs["alone"], STEPS, world_size=1, stage=3)
     assert max(abs(a - b) for a, b in zip(sp, alone, strict=True)) <= 1e-5, (sp, alone)
     assert sp[-1] < sp[0]
-    tokens = [[r["tokens_seen"] for r in log_records(runs[name])] for name in ("sp", "alone")]
+    tokens = [[r["tokens_seen"] for r in log_records(runs[name]) if "loss" in r] for name in ("sp", "alone")]
     assert tokens[0] == tokens[1] and tokens[0][-1] > 0
+    evals = [{r["step"]: r["eval_loss"] for r in log_records(runs[name]) if "eval_loss" in r} for name in ("sp", "alone")]
+    assert sorted(evals[0]) == [5, 10] and evals[0] == pytest.approx(evals[1], abs=1e-5), evals
 
 
 def test_sp_checkpoint_resumes_at_one_rank_and_its_export_loads(runs):
