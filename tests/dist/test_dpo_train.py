@@ -1,8 +1,8 @@
 """`zero-kit train --method dpo` (issue 49) on two CPU ranks under the real `deepspeed` launcher, two launches shared
 by the tests below: ZeRO-3 full fine-tuning (TRL's reference model prepared by DeepSpeed at ZeRO-3) and ZeRO-2 with
 LoRA (no reference model: the base with the adapter off). Both train 10 steps on the first 16 pairs of the bundled
-preference set, so each pair comes back and the reward margin has something to rise on (on fresh pairs a 3M random
-model learns nothing in 10 steps). A probe (tests/dist/dpo_probe) reads the reference in every rank when training
+preference set, so each pair comes back and the reward margin has something to rise on (held-out pairs:
+benchmarks/dpo, the margin part). A probe (tests/dist/dpo_probe) reads the reference in every rank when training
 begins and ends.
 
 Checked: exit 0; the reward margin and the loss of the last steps against step 1's (where the trained model is the
