@@ -204,8 +204,11 @@ def _sp_problems(opts: TrainOptions) -> list[UserError]:
                              "attention (a GPU); with SDPA, documents would attend across their boundaries",
                              "drop --pack (rows are padded to a multiple of --sp instead)"))  # fmt: skip
     if opts.method == "dpo":
-        bad.append(UserError(f"--sp {opts.sp} with --method dpo: zero-kit's preference tuning has no sequence "
-                             "parallelism yet", "drop --sp, or train with --method sft"))  # fmt: skip
+        # TRL's DPOTrainer takes each sequence's log-probability on one rank: of accelerate's parallelism config it
+        # reads the tensor-parallel size only (trl/trainer/dpo_trainer.py, 1.16)
+        bad.append(UserError(f"--sp {opts.sp} with --method dpo: TRL's DPOTrainer does not split a sequence over "
+                             "ranks (it has no sequence parallelism)", "drop --sp; for long pairs add "
+                             "--activation-checkpointing, or give a shorter --max-length"))  # fmt: skip
     return bad
 
 
