@@ -133,6 +133,10 @@ def test_precomputed_reference_gives_the_sharded_references_losses(zero3, zero3_
     assert all(r["precompute"] and r["ref_stage"] is None for r in zero3_precompute["ranks"])
     # TRL's precompute engine (ZeRO-3 hooks on the trained model) is gone: the training engine's hooks alone
     assert [r["layer_hooks"] for r in zero3_precompute["ranks"]] == [r["layer_hooks"] for r in zero3["ranks"]]
+    # ... and nothing else of it: its forward hooks on the root module, and the backward functions it bound to each
+    # module, through which the backward fetched and released (the training trace then held the forward only)
+    assert [r["root_hooks"] for r in zero3_precompute["ranks"]] == [r["root_hooks"] for r in zero3["ranks"]]
+    assert [r["trace_modules"] for r in zero3_precompute["ranks"]] == [r["trace_modules"] for r in zero3["ranks"]]
     assert list(zero3_precompute["cache"].glob("*/cache-*.arrow")), "no cached log-probabilities"
     ours = [record["loss"] for record in _train_records(zero3_precompute["out"])]
     sharded = [record["loss"] for record in _train_records(zero3["out"])]

@@ -10,7 +10,9 @@ and when it ends, and writes DIR/rankN.json:
 - how TRL prepared the reference: its DeepSpeed engine's ZeRO stage and optimizer, and how many of its parameters
   hold a gradient when training ends;
 - whether the reference was precomputed, and the hooks on the trained model's first layer when training begins (a
-  precompute's inference engine left alive would add its own ZeRO-3 hooks to the training engine's).
+  precompute's inference engine left alive would add its own ZeRO-3 hooks to the training engine's), and when it
+  ends the root module's forward hooks and the module visits in the training engine's ZeRO-3 trace (forward and
+  backward, unless the backward still runs through another engine).
 
 It patches nothing unless the variable is set."""
 
@@ -68,6 +70,15 @@ if os.environ.get("ZERO_KIT_PROBE_DPO"):
 
         def on_train_end(self, args, state, control, **kwargs):
             self.record["end"] = _held(self._reference())
+            engine, policy = self.trainer.model_wrapped, getattr(self.trainer.model_wrapped, "module", None)
+            offload = getattr(getattr(engine, "optimizer", None), "parameter_offload", None)
+            # ZeRO-3: how many module visits the training engine's trace holds, forward and backward (a module whose
+            # backward function is still bound to another engine is fetched through that engine's coordinator, so
+            # its backward is missing from this trace); and the forward hooks on the root module
+            self.record["trace_modules"] = None if offload is None else len(
+                offload.get_param_coordinator()._PartitionedParameterCoordinator__submodule_order
+            )
+            self.record["root_hooks"] = [len(policy._forward_pre_hooks), len(policy._forward_hooks)]
             self.record["ref_grads"] = sum(p.grad is not None for _, p in self._reference())
             self.record["steps"] = state.global_step
             out = Path(os.environ["ZERO_KIT_PROBE_DPO"]) / f"rank{args.process_index}.json"
