@@ -231,6 +231,7 @@ QUICK_PATHS = {
     ("config", "--stage", "3", "--hidden-size", "64"): (
         *("zero_kit.dist", "zero_kit.train", "zero_kit.launch", "shutil"),
         *("zero_kit.lint.schema", "zero_kit.lint.discover", "zero_kit.lint.installed", "zero_kit.lint.ds_parse"),
+        *("zero_kit.lint.rules_trainer", "zero_kit.lint.script_args"),  # a user's own Trainer script's arguments
     ),
     # the top-level help lists the commands: none of their modules
     ("--help",): ("zero_kit.commands", "zero_kit.config", "zero_kit.train", "zero_kit.bench", "zero_kit.launch"),

@@ -71,7 +71,6 @@ from zero_kit.lint import (
     rules_batch,
     rules_consumer,
     rules_tp,
-    rules_trainer,
     rules_ulysses,
     rules_zero,
     rules_zeropp,
@@ -129,7 +128,10 @@ def _rule_pass(config: dict, context: LintContext) -> tuple[list[Problem], int]:
     problems += rules_tp.tp_rules(config, context)
     problems += rules_ulysses.sp_rules(config, context)
     problems += lint_rules.scheduler_rules(config)
-    problems += rules_trainer.trainer_rules(config, context)
+    if context.trainer_args is not None:  # a user's own Trainer script's arguments (validate --script, or after --)
+        from zero_kit.lint import rules_trainer
+
+        problems += rules_trainer.trainer_rules(config, context)
     problems += rules_consumer.consumer_rules(config, context)
     return problems, world_size
 

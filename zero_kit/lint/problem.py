@@ -7,7 +7,10 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from zero_kit.lint.script_args import TrainerArguments
 
 Severity = Literal["error", "warning"]
 Target = Literal["deepspeed", "hf-trainer", "accelerate"]
@@ -34,22 +37,6 @@ class Problem:
         found = f" (found {_show(self.value)})"
         fix = f"\n    fix: {self.fix}" if self.fix else ""
         return f"{self.severity}: {self.path}{found}: {self.message}{fix}"
-
-
-@dataclass(frozen=True)
-class TrainerArguments:
-    """The TrainingArguments a user's own script will get (parsed by transformers' HfArgumentParser in
-    `lint.script_args`), as plain values: what the HF Trainer compares the config's fixed values with."""
-
-    values: dict[str, Any]
-    """TrainingArguments field -> value (given or transformers' default)."""
-    flags: dict[str, str]
-    """TrainingArguments field -> the flag as the user typed it (only the fields given)."""
-    refused: str | None = None
-    """TrainingArguments' own check refused the arguments on this machine (its message); values are then parsed only."""
-
-    def flag(self, field: str) -> str:
-        return self.flags.get(field, f"--{field}")
 
 
 @dataclass(frozen=True)

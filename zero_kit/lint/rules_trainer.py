@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from zero_kit.lint.problem import LintContext, Problem, TrainerArguments, lookup
+from zero_kit.lint.problem import LintContext, Problem, lookup
+from zero_kit.lint.script_args import TrainerArguments
 
 STOP = "the HF Trainer stops at start-up on it (its config values 'mismatch TrainingArguments values')"
 # Stand-ins for what only the run knows, two of each: a value the Trainer computes from one differs between them.

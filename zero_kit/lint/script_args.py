@@ -4,8 +4,27 @@ transformers', never a copy. Arguments that are not TrainingArguments belong to 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from zero_kit.errors import UserError
-from zero_kit.lint.problem import TrainerArguments
+
+
+@dataclass(frozen=True)
+class TrainerArguments:
+    """The TrainingArguments a user's own script will get (parsed by transformers' HfArgumentParser in
+    `parse_trainer_arguments`), as plain values: what the HF Trainer compares the config's fixed values with."""
+
+    values: dict[str, Any]
+    """TrainingArguments field -> value (given or transformers' default)."""
+    flags: dict[str, str]
+    """TrainingArguments field -> the flag as the user typed it (only the fields given)."""
+    refused: str | None = None
+    """TrainingArguments' own check refused the arguments on this machine (its message); values are then parsed only."""
+
+    def flag(self, field: str) -> str:
+        return self.flags.get(field, f"--{field}")
+
 
 # The script's own --deepspeed: TrainingArguments would load that file (and set accelerate's environment); the
 # config judged is the one given to zero-kit validate.
