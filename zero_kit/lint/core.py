@@ -81,7 +81,7 @@ from zero_kit.lint.problem import ROOT, LintContext, Problem
 def lint(config: Any, context: LintContext | None = None) -> list[Problem]:
     """Every problem in `config` (a parsed DeepSpeed JSON), errors and warnings, in one list."""
     # DeepSpeed's schema and parse are imported here: the rule pass alone (check_rules, run by `zero-kit config` on
-    # every config it writes) never reads the installed DeepSpeed, and its command starts within 2x a bare Python
+    # every config it writes) never reads the installed DeepSpeed, so that quick command does not import them
     from zero_kit.lint import ds_parse
     from zero_kit.lint import schema as lint_schema
 
