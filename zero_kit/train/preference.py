@@ -182,9 +182,8 @@ def trainer_class(counting) -> type:
 
     class PreparedPairsDPOTrainer(DPOTrainer):
         def __init__(self, *args, reference_key: str, **kwargs):
-            self.zero_kit_reference_key = reference_key  # read by _precompute_ref_logps, inside TRL's __init__
             self.zero_kit_precomputed: dict[str, dict] = {}  # what each precompute pass did (say_reference)
-            with _keyed_by(reference_key):
+            with _keyed_by(reference_key):  # TRL keeps it as _precompute_model_hash, its precompute cache key
                 super().__init__(*args, **kwargs)
             engine = getattr(self, "_precompute_engine", None)  # TRL >= 1.9: the precompute's inference engine
             if engine is not None:
@@ -201,9 +200,8 @@ def trainer_class(counting) -> type:
             return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
 
         def _precompute_ref_logps(self, dataset, name, batch_size):
-            """TRL's precomputation under zero_kit's cache key (`reference_key`), timed: whether it ran or read
-            the cache beside the prepared pairs is said on the reference's line."""
-            self._precompute_model_hash = self.zero_kit_reference_key
+            """TRL's precomputation (under zero_kit's cache key, `_keyed_by`), timed: whether it ran or read the
+            cache beside the prepared pairs is said on the reference's line."""
             where = Path(dataset.cache_files[0]["filename"]).parent if dataset.cache_files else None
             before = set(where.glob("cache-*.arrow")) if where else set()
             start = time.monotonic()
