@@ -57,9 +57,10 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
 # fp32 entries are TF32 tensor-core peaks: the benchmark enables TF32 matmuls when training in fp32 on CUDA.
 
 COMM_PHASE = {"allreduce": "reduction", "reduce": "reduction", "reducescatter": "reduction",
-              "allgather": "gather", "broadcast": "gather"}  # fmt: skip
-"""Which communication phase a collective's seconds belong to (the ring kinds below); sends and all-to-all: none."""
-COMM_PHASES = ("reduction", "gather")
+              "allgather": "gather", "broadcast": "gather", "alltoall": "alltoall"}  # fmt: skip
+"""Which communication phase a collective's seconds belong to (the ring kinds below); sends: none. alltoall: Ulysses'
+exchange of attention heads in every layer (the bench's `_spN` strategies)."""
+COMM_PHASES = ("reduction", "gather", "alltoall")
 
 # (function name, which argument holds the payload, ring factor kind)
 _COLLECTIVES = {

@@ -1,7 +1,8 @@
 """Real launches (torchrun for ddp/fsdp, the deepspeed launcher for ZeRO) of a tiny LLaMA on 2 CPU ranks:
 fp32 loss parity over 20 steps, measured model-state bytes against the ZeRO accounting, collective bytes
 against DDP, and each step split into phases; beside them a user's own config (`--ds-config`, issue 36): the file
-`zero-kit config --stage 2 --device cpu` writes, which must match ZeRO-2 and DDP. One benchmark run serves every
+`zero-kit config --stage 2 --device cpu` writes, which must match ZeRO-2 and DDP; and a row under Ulysses sequence
+parallelism (issue 48), which must match its sp=1 twin. One benchmark run serves every
 test in this module (ports 29710-29719; the first is held, so DDP's run meets on a free one, as beside another
 job)."""
 
@@ -12,6 +13,7 @@ import json
 import os
 import socket
 import statistics
+from dataclasses import replace
 from importlib.metadata import version
 from pathlib import Path
 
@@ -23,11 +25,16 @@ from zero_kit.bench import BenchOptions, run_bench
 from zero_kit.cli import main
 from zero_kit.dist import THP_ENV
 from zero_kit.plan.accounting import model_state_bytes, zero12_edge_grad_bytes
+from zero_kit.plan.traffic import ulysses
+from zero_kit.plan.workload import from_record
 
 pytestmark = pytest.mark.dist
 # zero3_release is ZeRO-3 with parameters released after forward (the paper's schedule); the generator's default
-# zero3 runs in the multinode test and in the recorded benchmark. Kept to 5 launches for CI time.
-STRATEGIES = ["ddp", "fsdp", "zero1", "zero2", "zero3_release"]
+# zero3 runs in the multinode test and in the recorded benchmark. Kept to 7 launches for CI time.
+STRATEGIES = ["ddp", "fsdp", "zero1", "zero2", "zero3_release", "zero3_release_sp2"]
+SP = "zero3_release_sp2"
+"""zero3_release with Ulysses groups of 2 ranks per row (`zero-kit bench --sp 2` adds such a row after each ZeRO
+strategy; named alone here, one launch): each rank holds 16 of every row's 32 tokens."""
 USER = "ds_config:my_zero2"
 """The row of --ds-config my_zero2.json (docs/comparing.md's name): one more launch, after the named strategies."""
 RUNS = [*STRATEGIES, USER]
@@ -109,7 +116,7 @@ def _zero2_rounds_unlike_ddp(records) -> bool:
 def test_fp32_losses_match_ddp_within_1e_5_over_20_steps(records):
     ddp = records["ddp"]["losses"]
     assert ddp[-1] < ddp[0] - 0.05  # the model really trains, so agreement is not trivial
-    for name in ("fsdp", "zero1", "zero2", "zero3_release", USER):
+    for name in ("fsdp", "zero1", "zero2", "zero3_release", SP, USER):
         diffs = [abs(a - b) for a, b in zip(records[name]["losses"], ddp, strict=True)]
         if name in ("zero1", "zero2", USER) and _zero2_rounds_unlike_ddp(records):
             assert max(diffs[:2]) <= 1e-5, f"{name}'s first update differs from ddp's by {diffs[1]}: not rounding"
@@ -134,8 +141,8 @@ def _state(records, name):
 #   working buffers (the planner's buffers, not counted here): ipg bucket reduce_bucket_size x 4 B, persistent
 #   (gathered) small params.
 FP32_COEFFICIENTS = {"ddp": (16, 0), "fsdp": (0, 16), "zero1": (4, 16), "zero2": (4, 16), "zero3_release": (0, 20),
-                     USER: (4, 16)}  # fmt: skip
-PLANNER_NAME = {"zero3_release": "zero3", USER: "zero2"}  # zero3_release: ZeRO-3's states, another schedule
+                     SP: (0, 20), USER: (4, 16)}  # fmt: skip
+PLANNER_NAME = {"zero3_release": "zero3", SP: "zero3", USER: "zero2"}  # ZeRO-3's states, another schedule
 ZERO12 = ("zero1", "zero2", USER)
 
 
@@ -198,7 +205,7 @@ def test_counter_agrees_with_deepspeeds_own_comms_logger(records, name):
     assert records["ddp"]["deepspeed_comms_logger_per_step"] is None  # DeepSpeed's logger only sees ZeRO runs
 
 
-PHASES = ("forward", "backward", "reduction", "step", "gather", "other")
+PHASES = ("forward", "backward", "reduction", "step", "gather", "alltoall", "other")
 
 
 @pytest.mark.parametrize("name", RUNS)
@@ -229,6 +236,33 @@ def test_every_strategy_splits_its_step_into_phases_that_add_up(records, name):
         assert windows["forward"]["gather"] > 0 and windows["backward"]["gather"] > 0, windows
     if name in ZERO12:  # the updated partitions all-gathered in the optimizer step
         assert windows["step"]["gather"] > 0, windows
+    if name == SP:  # Ulysses' head exchanges: in every layer's forward and backward, nowhere else
+        assert windows["forward"]["alltoall"] > 0 and windows["backward"]["alltoall"] > 0, windows
+        assert windows["step"]["alltoall"] == 0, windows
+    else:
+        assert phases["alltoall"] == 0, phases
+
+
+def test_the_sequence_parallel_row_trains_the_same_rows_split_over_its_group(records, bench_out):
+    # Issue 48 (`zero-kit bench --sp`): the group of 2 ranks trains the global batch of its sp=1 twin, two rows at
+    # a time in twice the micro steps, each rank on half of every row; the same losses (fp32, within 1e-5: the
+    # parity test above holds it to DDP's too).
+    r, twin = records[SP], records["zero3_release"]
+    assert r["parallel"] == {"tensor": 1, "pipeline": 1, "sequence": 2, "data": 1}
+    assert r["batch"] == {"micro": 2, "grad_accum": 4, "sequence_parallel": 2, "global": 8}
+    assert twin["batch"]["global"] == 8 and twin["parallel"]["data"] == 2
+    assert r["vs_sp1"]["strategy"] == "zero3_release" and r["vs_sp1"]["loss_parity"] is True
+    assert r["vs_sp1"]["max_abs_loss_diff"] <= 1e-5 and r["vs_sp1"]["tokens_per_s_ratio"] > 0
+    # The all-to-alls are exactly the planner's (plan.traffic.ulysses: q, k, v and the output, each layer, forward
+    # and backward), per micro step.
+    comm = r["comm_bytes_per_step"]
+    (planned,) = ulysses(replace(from_record(r), sp=2))
+    assert comm["payload_bytes_by_op"]["all_to_all_single"] == r["batch"]["grad_accum"] * planned.payload
+    assert comm["calls_by_op"]["all_to_all_single"] == r["batch"]["grad_accum"] * planned.calls
+    assert "all_to_all_single" not in twin["comm_bytes_per_step"]["calls_by_op"]
+    table = (bench_out / "table.md").read_text()
+    assert f"{SP}: Ulysses, 2 ranks per row x data 1; each rank holds 16 of a row's 32 tokens, in 4 micro" in table
+    assert "against zero3_release: loss the same" in table
 
 
 @pytest.mark.parametrize("name", ["zero1", "zero2", "zero3_release", USER])

@@ -127,7 +127,7 @@ def test_counter_times_collectives_by_kind_with_the_async_wait(tmp_path, monkeyp
             counter.active = True
             dist.all_reduce(t)
             work = dist.all_gather_into_tensor(torch.empty(8), t, async_op=True)
-            assert counter.seconds == {"reduction": 3, "gather": 1}  # the call so far, not yet its wait
+            assert counter.seconds == {"reduction": 3, "gather": 1, "alltoall": 0}  # the call so far, not yet its wait
             work.wait()
             work.wait()  # a second wait of the same Work is not counted again
             dist.send(t, dst=0)
@@ -140,12 +140,12 @@ def test_counter_times_collectives_by_kind_with_the_async_wait(tmp_path, monkeyp
         assert clock.now == 1000 + 3 + (3 + 1 + 4 + 4 + 2) + (1 + 4)  # every fake collective ran, inactive too
         # the active all-reduce; the all-gather's call and its first wait, not the second wait, the send, the
         # inactive all-reduce, nor the all-gather issued and waited while inactive
-        assert counter.seconds == {"reduction": 3, "gather": 1 + 4}
-        assert set(counter.seconds) == {"reduction", "gather"}  # the send is not timed
+        assert counter.seconds == {"reduction": 3, "gather": 1 + 4, "alltoall": 0}
+        assert set(counter.seconds) == {"reduction", "gather", "alltoall"}  # the send is not timed
         summary = counter.summary(steps=2)
-        assert summary["exposed_seconds_by_phase"] == {"reduction": 1.5, "gather": 2.5}
+        assert summary["exposed_seconds_by_phase"] == {"reduction": 1.5, "gather": 2.5, "alltoall": 0}
         counter.reset()
-        assert counter.seconds == {"reduction": 0.0, "gather": 0.0}
+        assert counter.seconds == {"reduction": 0.0, "gather": 0.0, "alltoall": 0.0}
     finally:
         dist.destroy_process_group()
 
@@ -162,7 +162,7 @@ def test_phase_clock_splits_a_step_into_phases_that_add_up(monkeypatch):
 
     class Counter:
         def __init__(self) -> None:
-            self.seconds = {"reduction": 0.0, "gather": 0.0}
+            self.seconds = {"reduction": 0.0, "gather": 0.0, "alltoall": 0.0}
 
     counter = Counter()
     clock = PhaseClock(counter)
@@ -186,13 +186,21 @@ def test_phase_clock_splits_a_step_into_phases_that_add_up(monkeypatch):
     phases, windows = split["phases"], split["windows"]
     assert tuple(phases) == PHASES
     assert windows == {
-        "forward": {"wall": 20, "reduction": 0, "gather": 10},
-        "backward": {"wall": 40, "reduction": 14, "gather": 0},
-        "step": {"wall": 4, "reduction": 0, "gather": 2},
+        "forward": {"wall": 20, "reduction": 0, "gather": 10, "alltoall": 0},
+        "backward": {"wall": 40, "reduction": 14, "gather": 0, "alltoall": 0},
+        "step": {"wall": 4, "reduction": 0, "gather": 2, "alltoall": 0},
     }
     # forward, backward, step: the window's wall minus the collectives inside it; reduction and gather wherever
     # they fell; other the rest of the step
-    assert phases == {"forward": 10, "backward": 26, "reduction": 14, "step": 2, "gather": 12, "other": 4}
+    assert phases == {
+        "forward": 10,
+        "backward": 26,
+        "reduction": 14,
+        "step": 2,
+        "gather": 12,
+        "alltoall": 0,
+        "other": 4,
+    }
     assert sum(phases.values()) == step_seconds
 
     clock.begin()  # a pipeline: one schedule window, reported as forward, no backward of its own
@@ -202,4 +210,4 @@ def test_phase_clock_splits_a_step_into_phases_that_add_up(monkeypatch):
     time.sleep(2)
     clock.mark("step")
     phases = clock.end(9)["phases"]
-    assert phases == {"forward": 5, "backward": None, "reduction": 0, "step": 2, "gather": 1, "other": 1}
+    assert phases == {"forward": 5, "backward": None, "reduction": 0, "step": 2, "gather": 1, "alltoall": 0, "other": 1}

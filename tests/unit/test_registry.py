@@ -16,7 +16,7 @@ from zero_kit.errors import UserError
 from zero_kit.plan import KNOWN_SHAPES, Hardware, StateBytes, Workload, make_plan, model_state_bytes
 from zero_kit.plan.accounting import ROWS
 from zero_kit.plan.parallel import parallel_state_bytes
-from zero_kit.strategies import STRATEGIES, check_name
+from zero_kit.strategies import STRATEGIES, check_name, sequence_parallel_name, strategy_info
 
 PACKAGE = Path(__file__).resolve().parents[2] / "zero_kit"
 BENCHABLE = [name for name, info in STRATEGIES.items() if info.benchable]
@@ -105,3 +105,58 @@ def test_state_bytes_as_dict_is_the_record_shape():
     assert StateBytes(1, 2, 3).as_dict() == {"params": 1, "grads": 2, "optimizer": 3, "total": 6}
     offloaded = model_state_bytes("zero3", 1000, 2, "bf16", offload_optimizer=True, offload_param=True).as_dict()
     assert offloaded["total"] == 0 and offloaded["host_total"] > 0
+
+
+def test_a_zero_entry_runs_under_sequence_parallelism_as_its_sp_variant():
+    # zero3_sp2 is zero3 with Ulysses groups of 2 ranks per row: the same stage, launcher and byte-table row (ZeRO
+    # partitions over every rank), predicted as zero3 is, never a planner option.
+    info = check_name("zero3_sp2")
+    assert (info.name, info.sequence_parallel, info.planned) == ("zero3_sp2", 2, False)
+    assert (info.stage, info.launcher, info.accounting) == (3, "deepspeed", "zero3")
+    assert strategy_info("zero3_release_sp4").zero_overrides == STRATEGIES["zero3_release"].zero_overrides
+    record = {"strategy": "zero3_sp2", "world_size": 2, "precision": "fp32", "model": {"n_params": 10_000}}
+    assert predicted_state(record)["total"] == model_state_bytes("zero3", 10_000, 2, "fp32").all_bytes
+    able = [name for name, entry in STRATEGIES.items() if sequence_parallel_name(entry, 2)]
+    assert "zero2" in able and "zero3_offload" in able
+    assert not {"ddp", "fsdp", "zero1_tp", "pp", "zero3_hpz", "zero3_offload_param"} & set(able)
+
+
+@pytest.mark.parametrize(
+    "name, says",
+    [("ddp_sp2", "ddp has no sequence-parallel variant"), ("zero1_tp_sp2", "zero1_tp has no sequence-parallel"),
+     ("zero3_sp1", "N of 2 or more"), ("zero3_sp02", "no sequence-parallel variant"),
+     ("zero3_sp2_sp2", "no sequence-parallel variant"), ("zero4_sp2", "unknown strategy 'zero4'")],
+)  # fmt: skip
+def test_a_sequence_parallel_name_the_registry_cannot_run_is_refused_with_the_choices(name, says):
+    with pytest.raises(UserError, match=says) as refused:
+        check_name(name)
+    assert strategy_info(name) is None
+    if "zero4'" not in says:
+        assert "zero3_sp2" in refused.value.fix and "ddp," not in refused.value.fix
+
+
+def test_bench_sp_adds_a_row_after_each_zero_strategy_and_refuses_a_list_without_one():
+    from zero_kit.bench.options import BenchOptions, strategy_names
+
+    assert strategy_names(BenchOptions(strategies="ddp,zero2,fsdp,zero3,pp")) == ["ddp", "zero2", "fsdp", "zero3", "pp"]
+    runs = strategy_names(BenchOptions(strategies="ddp,zero2,fsdp,zero3,pp", sp=2))
+    assert runs == ["ddp", "zero2", "zero2_sp2", "fsdp", "zero3", "zero3_sp2", "pp"]
+    assert strategy_names(BenchOptions(strategies="zero3,zero3_sp4", sp=4)) == ["zero3", "zero3_sp4"]  # once
+    with pytest.raises(UserError, match="'ddp,fsdp' has none") as refused:
+        strategy_names(BenchOptions(strategies="ddp,fsdp", sp=2))
+    assert "zero3" in refused.value.fix
+
+
+def test_the_bench_refuses_a_sequence_parallel_run_ulysses_cannot_split_before_launching():
+    from types import SimpleNamespace
+
+    from zero_kit.bench.driver import check_sequence_parallel
+
+    model = SimpleNamespace(num_attention_heads=6, num_key_value_heads=3)
+    check_sequence_parallel([check_name("zero3_sp3"), STRATEGIES["ddp"]], 3, model, 96)  # 3 | 6 heads, 3 kv: fine
+    with pytest.raises(UserError) as refused:
+        check_sequence_parallel([check_name("zero2_sp4")], 6, model, 30)
+    said = str(refused.value)
+    assert "6 rank(s) do not form groups of 4" in said and "--nproc 4" in said
+    assert "cannot split 6 attention heads (3 key-value heads) over 4 ranks" in said
+    assert "--seq-len 30 is not a multiple of 4" in said and "--seq-len 32" in said

@@ -14,7 +14,7 @@ import signal
 import threading
 from pathlib import Path
 
-from zero_kit.bench.options import PROGRESS, BenchOptions
+from zero_kit.bench.options import PROGRESS, BenchOptions, strategy_names
 from zero_kit.bench.placement import place, rank_args
 from zero_kit.bench.user_config import check_user_config, differences, write_launch_copy
 from zero_kit.bench.worker import model_config
@@ -81,7 +81,7 @@ def run_bench(opts: BenchOptions, progress=None) -> list[dict]:
     from zero_kit.bench.report import failed_record, write_outputs
     from zero_kit.strategies import check_model_parallel, check_name
 
-    names = [n.strip() for n in opts.strategies.split(",") if n.strip()]
+    names = strategy_names(opts)
     infos = [check_name(name) for name in names]
     where = place(opts, dict(os.environ))
     user = _user_config(opts, where)
@@ -91,6 +91,7 @@ def run_bench(opts: BenchOptions, progress=None) -> list[dict]:
     for info in infos:
         check_model_parallel(info, where.nodes * where.ranks_per_node, config.num_hidden_layers,
                              config.num_key_value_heads, bool(config.tie_word_embeddings), opts.grad_accum)  # fmt: skip
+    check_sequence_parallel(infos, where.nodes * where.ranks_per_node, config, opts.seq_len)
     out_dir = Path(opts.out)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     progress = progress or (lambda line: warn(line))
@@ -110,6 +111,29 @@ def run_bench(opts: BenchOptions, progress=None) -> list[dict]:
         records.append(record or failed_record(name, opts, log_path))
     write_outputs(records, out_dir)
     return records
+
+
+def check_sequence_parallel(infos, world: int, config, seq_len: int) -> None:
+    """Refuse, before any launch, a `_spN` run Ulysses cannot split (every problem at once, with its fix): N not
+    dividing the ranks (DeepSpeed's initialize_sequence_parallel raises), heads it cannot divide (lint.rules_ulysses,
+    from UlyssesSPAttentionHF), a row length not a multiple of N (each rank takes an equal slice)."""
+    from zero_kit.errors import UserError, raise_all
+    from zero_kit.lint.rules_ulysses import heads_split
+
+    problems = []
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    for sp in sorted({info.sequence_parallel for info in infos if info.sequence_parallel > 1}):
+        if world % sp:
+            problems.append(UserError(f"--sp {sp}: {world} rank(s) do not form groups of {sp}",
+                                      f"--nproc {sp} or a multiple of it"))  # fmt: skip
+        if not heads_split(heads, kv, sp):
+            problems.append(UserError(f"--sp {sp}: Ulysses cannot split {heads} attention heads ({kv} key-value heads)"
+                                      f" over {sp} ranks", "an --sp that divides the attention heads, and that the"
+                                      " key-value heads divide or are divided by"))  # fmt: skip
+        if seq_len % sp:
+            problems.append(UserError(f"--sp {sp}: --seq-len {seq_len} is not a multiple of {sp} (each rank takes an"
+                                      " equal slice of every row)", f"--seq-len {seq_len - seq_len % sp + sp}"))  # fmt: skip
+    raise_all(problems, "before launching")
 
 
 def _user_config(opts: BenchOptions, where: Placement):

@@ -36,6 +36,11 @@ class BenchOptions:
     """Rows per rank per micro step."""
     grad_accum: int = 1
     """Micro steps per optimizer step (no_sync / set_requires_gradient_sync / DeepSpeed boundary)."""
+    sp: int = 1
+    """Ulysses sequence parallelism: each ZeRO strategy of --strategies also runs with groups of N ranks sharing every
+    row, each rank holding 1/N of its tokens and exchanging attention heads all-to-all (DeepSpeed's ALST), as the row
+    STRATEGY_spN beside it. It trains the same global batch in N x the micro steps, so its losses compare with its
+    sp=1 row's and DDP's; --seq-len must be a multiple of N. A `_spN` name in --strategies runs one such row alone."""
     steps: int = 20
     """Optimizer steps per run (losses recorded for every one)."""
     warmup: int = 3
@@ -112,3 +117,25 @@ def parse_zero_override(text: str) -> dict:
                                       "use a key of DeepSpeed's zero_optimization section (docs/configs.md)"))  # fmt: skip
     raise_all(problems, "in --zero-override")
     return found
+
+
+def strategy_names(opts: BenchOptions) -> list[str]:
+    """The runs of --strategies in order, with --sp N's `_spN` row right after each ZeRO strategy that has one
+    (strategies.sequence_parallel_name); a name the registry does not know is left for check_name to refuse."""
+    from zero_kit.errors import UserError
+    from zero_kit.strategies import sequence_parallel_name, strategy_info
+
+    names = [n.strip() for n in opts.strategies.split(",") if n.strip()]
+    if opts.sp == 1:
+        return names
+    if opts.sp < 1:
+        raise UserError(f"--sp {opts.sp}: a sequence-parallel group is 1 rank or more", "e.g. --sp 2")
+    runs = []
+    for name in names:
+        info = strategy_info(name)
+        variant = sequence_parallel_name(info, opts.sp) if info else None
+        runs += [name] + ([variant] if variant and variant not in names else [])
+    if not [name for name in runs if name.endswith(f"_sp{opts.sp}")]:
+        raise UserError(f"--sp {opts.sp} adds a sequence-parallel row to each ZeRO strategy of --strategies, and"
+                        f" {opts.strategies!r} has none", "add zero2 or zero3 to --strategies (e.g. ddp,zero3)")  # fmt: skip
+    return runs

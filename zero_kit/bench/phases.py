@@ -1,4 +1,4 @@
-"""A bench step split into phases (forward, backward, reduction, optimizer step, gather, other), measured the same
+"""A bench step split into phases (forward, backward, reduction, optimizer step, gather, all-to-all, other), measured the same
 way for every strategy: the worker marks its windows, the CommCounter (zero_kit.metrics) says how long collectives
 held the rank inside each. docs/comparing.md describes the phases and what overlap means for them."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from zero_kit.metrics import COMM_PHASES, CommCounter
 
-PHASES = ("forward", "backward", "reduction", "step", "gather", "other")
+PHASES = ("forward", "backward", "reduction", "step", "gather", "alltoall", "other")
 """A step's phases, in the bench's record and table; they add up to the step time."""
 WINDOWS = ("forward", "backward", "forward_backward", "step")
 """The spans the bench marks in a step: forward, backward and the optimizer step, or, where one call runs both
@@ -22,7 +22,8 @@ class PhaseClock:
     the device work it queued. With the CommCounter's exposed seconds (module doc) read at each mark:
 
         forward, backward, step = the window's wall seconds minus the collective seconds inside it
-        reduction, gather       = the step's exposed collective seconds of that kind, wherever they fell
+        reduction, gather,      = the step's exposed collective seconds of that kind, wherever they fell
+        alltoall                  (alltoall: Ulysses' head exchange, inside forward and backward)
         other                   = step seconds minus all of the above: what lies between the windows (the batch
                                   moved to the device, the loop itself); >= 0 up to clock jitter
 

@@ -80,7 +80,8 @@ def build_record(
     dist.all_gather_object(per_rank, {"state": mine, "mem": peak_memory(device.split(":")[0]), "tiers": tiers,
                                       "held": held, "phases": phases})  # fmt: skip
     cfg = model.config
-    tokens = opts.micro_batch * opts.grad_accum * opts.seq_len
+    info = info or _registry(strategy.name)
+    tokens = opts.micro_batch * opts.grad_accum * opts.seq_len  # under --sp too (_batch_entry)
     per_rank_tps = tokens / result["median"]
     fpt = flops_per_token(strategy.n_params, cfg.num_hidden_layers, cfg.hidden_size, opts.seq_len)
     gpu = device.startswith("cuda")
@@ -95,8 +96,8 @@ def build_record(
             **_model_entry(strategy, model.config, opts.seq_len),
             "params_held_by_rank": [r["held"] for r in per_rank],
         },
-        "parallel": _parallel_entry(info or _registry(strategy.name), world),
-        "batch": {"micro": opts.micro_batch, "grad_accum": opts.grad_accum, "global": tokens // opts.seq_len * world},
+        "parallel": _parallel_entry(info, world),
+        "batch": _batch_entry(opts, info.sequence_parallel, world),
         "steps": opts.steps,
         "warmup": opts.warmup,
         "losses": result["losses"],
@@ -167,14 +168,24 @@ def _phase_entry(phases: dict, timed: list[dict], middle: list[int], ds_timers: 
 
 
 def _registry(name: str):
-    from zero_kit.strategies import STRATEGIES
+    from zero_kit.strategies import strategy_info
 
-    return STRATEGIES[name]
+    return strategy_info(name)
+
+
+def _batch_entry(opts: BenchOptions, sp: int, world: int) -> dict[str, int]:
+    """Rows per micro step, micro steps per step, ranks per row and rows per step. A `_spN` rank runs sp x the
+    micro steps, each on 1/sp of every row: the tokens of an sp=1 rank, and the same global batch."""
+    return {"micro": opts.micro_batch, "grad_accum": opts.grad_accum * sp, "sequence_parallel": sp,
+            "global": opts.micro_batch * opts.grad_accum * world}  # fmt: skip
 
 
 def _parallel_entry(info, world: int) -> dict[str, int]:
-    """The run's degrees: tensor x pipeline ranks per model replica, the rest data parallel (the registry's)."""
-    return {"tensor": info.tensor_parallel, "pipeline": info.pipeline_stages, "data": world // info.model_parallel}
+    """The run's degrees: tensor x pipeline ranks per model replica, sequence-parallel ranks per row, the rest data
+    parallel (the registry's)."""
+    data = world // info.model_parallel // info.sequence_parallel
+    return {"tensor": info.tensor_parallel, "pipeline": info.pipeline_stages, "sequence": info.sequence_parallel,
+            "data": data}  # fmt: skip
 
 
 def _pipeline_entry(extra: dict[str, Any], warmup: int) -> dict[str, Any]:

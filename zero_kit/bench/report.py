@@ -163,6 +163,7 @@ def annotate(records: list[dict[str, Any]]) -> None:
             measured = [rank["total"] for rank in r["model_state_bytes_per_rank"]["all_ranks"]]
             errors = [m / p - 1 for m, p in zip(measured, pred["all_ranks_total"], strict=True)]
             r["model_state_bytes_per_rank"]["error_vs_predicted"] = max(errors, key=abs)
+        _against_sp1(r, ok)
         if ddp is None:
             continue
         base = ddp["comm_bytes_per_step"]["ring_bytes_sent_per_rank"]
@@ -170,6 +171,43 @@ def annotate(records: list[dict[str, Any]]) -> None:
         diffs = [abs(a - b) for a, b in zip(r["losses"], ddp["losses"], strict=False)]
         r["max_abs_loss_diff_vs_ddp"] = max(diffs) if diffs else None
         r["loss_parity"] = loss_parity(r["losses"], ddp["losses"], r["precision"])
+
+
+def _against_sp1(r: dict[str, Any], ok: list[dict[str, Any]]) -> None:
+    """A `_spN` row beside its sp=1 twin of the same run (zero3_sp2 and zero3): per-step loss, tokens/s and peak
+    RSS, as `r["vs_sp1"]`; nothing without the twin."""
+    sp = (r.get("parallel") or {}).get("sequence", 1)
+    twin = next((o for o in ok if sp > 1 and o["strategy"] == r["strategy"].rsplit("_sp", 1)[0]), None)
+    if twin is None:
+        return
+    diffs = [abs(a - b) for a, b in zip(r["losses"], twin["losses"], strict=False)]
+    rss, twin_rss = r["peak_mem_bytes"].get("rss"), twin["peak_mem_bytes"].get("rss")
+    r["vs_sp1"] = {"strategy": twin["strategy"], "max_abs_loss_diff": max(diffs) if diffs else None,
+                   "loss_parity": loss_parity(r["losses"], twin["losses"], r["precision"]),
+                   "tokens_per_s_ratio": r["tokens_per_s"]["total"] / twin["tokens_per_s"]["total"],
+                   "peak_rss_ratio": rss / twin_rss if rss and twin_rss else None}  # fmt: skip
+
+
+def _sequence_parallel_notes(ok: list[dict[str, Any]]) -> list[str]:
+    """Under the table: each `_spN` row's layout and how it compares with its sp=1 twin."""
+    lines = []
+    for r in ok:
+        sp = (r.get("parallel") or {}).get("sequence", 1)
+        if sp == 1:
+            continue
+        seq = r["model"]["seq_len"]
+        line = (
+            f"{r['strategy']}: Ulysses, {sp} ranks per row x data {r['parallel']['data']}; each rank holds"
+            f" {seq // sp} of a row's {seq} tokens, in {r['batch']['grad_accum']} micro steps per step"
+        )
+        twin = r.get("vs_sp1")
+        if twin:
+            rss = twin["peak_rss_ratio"]
+            line += (f"; against {twin['strategy']}: loss {'the same' if twin['loss_parity'] else 'NOT the same'}"
+                     f" (max diff {twin['max_abs_loss_diff']:.1e}), tokens/s {twin['tokens_per_s_ratio']:.2f}x,"
+                     f" peak RSS {'-' if rss is None else f'{rss:.2f}x'}")  # fmt: skip
+        lines.append(line)
+    return [""] + lines if lines else []
 
 
 def _mib(n: float | None) -> str:
@@ -235,6 +273,7 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
             lines += ["", "Not DDP's arithmetic (bf16 master weights, gradients and Adam moments under bf16 autocast), so",
                       f"their losses differ from DDP's by design, max difference measured: {', '.join(differs)}."]  # fmt: skip
         lines += _model_parallel_notes(ok)
+        lines += _sequence_parallel_notes(ok)
         lines += table_notes(ok)
         lines += phase_table(records)
         lines += ["", "Measured bytes are read from the live tensors (storages counted once); comm bytes are what one",
@@ -244,7 +283,7 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-PHASE_COLUMNS = ("forward", "backward", "reduction", "step", "gather", "other")
+PHASE_COLUMNS = ("forward", "backward", "reduction", "step", "gather", "alltoall", "other")
 """The phases of the table, in the record's `phases_ms` (zero_kit.bench.phases.PHASES)."""
 DS_TIMER_COLUMNS = ("fwd", "bwd", "bwd_allreduce", "step")
 
@@ -279,14 +318,15 @@ def phase_table(records: list[dict[str, Any]]) -> list[str]:
         "",
         "Step phases, ms (rank 0, mean over the middle half of the timed steps; step: the median step):",
         "",
-        "| strategy | step | forward | backward | reduction | step (optimizer) | gather | other | sum / step |"
-        " DeepSpeed timers fwd / bwd / bwd_allreduce / step |",
-        "|" + "---|" * 10,
+        "| strategy | step | forward | backward | reduction | step (optimizer) | gather | all-to-all | other |"
+        " sum / step | DeepSpeed timers fwd / bwd / bwd_allreduce / step |",
+        "|" + "---|" * 11,
         *[_phase_row(r) for r in rows],
         "",
         "forward, backward and step (optimizer) are the wall time of each call less the collective seconds inside it;",
-        "reduction (all-reduce, reduce-scatter, reduce) and gather (all-gather, broadcast) are the seconds the rank",
-        "was held by collectives, wherever they fell: what overlap hid behind compute is not in them (DDP's buckets",
+        "reduction (all-reduce, reduce-scatter, reduce), gather (all-gather, broadcast) and all-to-all (Ulysses'",
+        "exchange of attention heads in every layer, the _spN rows) are the seconds the rank was held by collectives,",
+        "wherever they fell: what overlap hid behind compute is not in them (DDP's buckets",
         "reduced during backward, ZeRO-3's prefetched gathers), only what was waited for; other is the rest of the",
         "step (the batch moved to the device, the loop). On GPUs NCCL returns at once, so the wait shows in the phase",
         "that synchronizes instead (docs/comparing.md). DeepSpeed's timers include the collectives: fwd + bwd + step",

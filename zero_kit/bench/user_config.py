@@ -23,7 +23,7 @@ from typing import Any
 
 from zero_kit.bench.options import BenchOptions
 from zero_kit.errors import UserError, raise_all
-from zero_kit.strategies import STRATEGIES, StrategyInfo, is_user_config, user_config_info, user_config_name
+from zero_kit.strategies import StrategyInfo, is_user_config, strategy_info, user_config_info, user_config_name
 
 FLAG = "--ds-config"
 
@@ -83,7 +83,7 @@ def record_info(record: dict[str, Any]) -> StrategyInfo | None:
         keys = ("stage", "offload_optimizer", "offload_param", "low_precision_states", "hpz")
         zero = _section(entry.get("config"), "zero_optimization")
         return user_config_info(name, zero=zero, **{k: entry[k] for k in keys if k in entry})
-    return STRATEGIES.get(name)
+    return strategy_info(name)
 
 
 def file_precision(config: dict[str, Any]) -> str | None:

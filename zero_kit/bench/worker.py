@@ -18,7 +18,7 @@ from zero_kit.dist import set_rank_huge_pages, set_rank_threads
 from zero_kit.log import say
 from zero_kit.metrics import CommCounter
 from zero_kit.plan.shapes import local_model_params
-from zero_kit.strategies import STRATEGIES, is_user_config
+from zero_kit.strategies import is_user_config, strategy_info
 from zero_kit.watchdog import Heartbeat
 
 
@@ -225,10 +225,12 @@ def _build(strategy_name: str, info, user, opts: BenchOptions, device: str, coun
     model = build_model(opts)
     numels = [p.numel() for p in model.parameters() if p.requires_grad]  # the order DeepSpeed flattens
     n_params = sum(p.numel() for p in model.parameters())
+    sp = info.sequence_parallel  # a group of sp ranks takes sp x the micro steps: the global batch of sp=1
     options = StrategyOptions(
         precision=opts.precision,
         micro_batch=opts.micro_batch,
-        grad_accum=opts.grad_accum,
+        grad_accum=opts.grad_accum * sp,
+        sequence_parallel=sp,
         world_size=dist.get_world_size(),
         device=device,
         lr=opts.lr,
@@ -305,7 +307,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     set_rank_threads()  # before torch's import: cores / local ranks, unless the user set OMP_NUM_THREADS
     opts = BenchOptions(**json.loads(args.options_json))
-    info = STRATEGIES.get(args.strategy)  # None for a user's --ds-config run
+    info = strategy_info(args.strategy)  # None for a user's --ds-config run
     set_rank_huge_pages(info and info.stage, local_model_params(opts.model), opts.precision)  # ZeRO-1/2, large
     # The node of the link tiers and of the node-aware strategies: --gpus-per-node where given (on one host it
     # makes simulated nodes, see placement.py), else the launcher's ranks per node.

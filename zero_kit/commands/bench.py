@@ -79,10 +79,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_last_port(opts) -> None:
     """Run i meets on --master-port + i: the last run's port must be a port too (argparse checked the first)."""
+    from zero_kit.bench.options import strategy_names
     from zero_kit.errors import UserError
     from zero_kit.options import PORTS
 
-    runs = len([name for name in opts.strategies.split(",") if name.strip()]) + (1 if opts.ds_config else 0)
+    runs = len(strategy_names(opts)) + (1 if opts.ds_config else 0)
     last = opts.master_port + runs - 1
     if last not in PORTS:
         raise UserError(

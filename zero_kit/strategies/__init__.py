@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import PurePath
 from types import MappingProxyType
 
@@ -29,6 +29,8 @@ __all__ = [
     "build_strategy",
     "check_model_parallel",
     "check_name",
+    "sequence_parallel_name",
+    "strategy_info",
     "is_user_config",
     "user_config_info",
     "user_config_name",
@@ -74,6 +76,11 @@ class StrategyInfo:
     """Ranks that each hold a contiguous share of the layers (torch.distributed.pipelining), consecutive ranks
     forming one pipeline. With either degree above 1 the byte-table row applies to the parameters one rank holds,
     and its states are sharded over the data-parallel ranks only (world / model_parallel)."""
+
+    sequence_parallel: int = 1
+    """Ranks that share every row, each holding 1/N of its tokens and exchanging attention heads all-to-all in every
+    layer (DeepSpeed's Ulysses, `sequence_parallel_size`): the `_spN` variant of a ZeRO entry
+    (`sequence_parallel_name`). DeepSpeed groups consecutive ranks; ZeRO partitions over every rank."""
 
     @property
     def model_parallel(self) -> int:
@@ -211,9 +218,44 @@ def user_config_info(
                  hierarchy="hpz" if hpz else "flat", low_precision_states=low_precision_states)  # fmt: skip
 
 
+SP_SUFFIX = re.compile(r"^(?P<base>.+)_sp(?P<sp>[0-9]+)$")
+"""A ZeRO strategy under Ulysses sequence parallelism: `zero3_sp2` is zero3 with groups of 2 ranks per row."""
+
+
+def sequence_parallel_name(info: StrategyInfo, sp: int) -> str | None:
+    """The name of `info` run with Ulysses groups of `sp` ranks (`zero3` -> `zero3_sp2`), or None where it has no
+    such variant: only DeepSpeed's flat ZeRO entries do (Ulysses is DeepSpeed's; AutoTP, pipelines and hpZ's node
+    groups would each need their own rank layout beside the SP groups)."""
+    flat = info.backend == "deepspeed" and info.hierarchy == "flat" and info.model_parallel == 1
+    return f"{info.name}_sp{sp}" if flat and info.sequence_parallel == 1 and info.benchable else None
+
+
+def _sequence_parallel_variant(name: str, base: str, sp: int) -> StrategyInfo:
+    info = check_name(base)
+    if sp < 2 or sequence_parallel_name(info, sp) != name:
+        able = [n for n, i in STRATEGIES.items() if sequence_parallel_name(i, 2)]
+        raise UserError(f"unknown strategy {name!r}: {base} has no sequence-parallel variant of {sp} ranks"
+                        if sp >= 2 else f"unknown strategy {name!r}: _spN takes N of 2 or more",
+                        f"_spN (N >= 2) follows one of {', '.join(able)}, e.g. zero3_sp2")  # fmt: skip
+    return replace(info, name=name, sequence_parallel=sp, planned=False)
+
+
+def strategy_info(name: str) -> StrategyInfo | None:
+    """The entry of a strategy name, a `_spN` variant's included; None for a name this version does not know (a
+    record's, read back)."""
+    try:
+        return STRATEGIES.get(name) or (check_name(name) if SP_SUFFIX.match(name) else None)
+    except UserError:
+        return None
+
+
 def check_name(name: str) -> StrategyInfo:
-    """The registry entry of a strategy the benchmark can run; UserError (with the choices) otherwise."""
+    """The registry entry of a strategy the benchmark can run (a `_spN` name: its base's, with N ranks per row);
+    UserError (with the choices) otherwise."""
     benchable = [info.name for info in STRATEGIES.values() if info.benchable]
+    variant = SP_SUFFIX.match(name)
+    if variant and name not in STRATEGIES:
+        return _sequence_parallel_variant(name, variant["base"], int(variant["sp"]))
     if is_user_config(name):
         raise UserError(f"{name!r} is not a strategy name: your own DeepSpeed config runs with --ds-config FILE",
                         "e.g. zero-kit bench --strategies ddp --ds-config my_config.json")  # fmt: skip

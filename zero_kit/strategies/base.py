@@ -26,6 +26,10 @@ class StrategyOptions:
     zero_overrides: tuple[tuple[str, object], ...] = ()
     """zero_optimization keys over the generator's and the variant's, for every ZeRO strategy (bench
     --zero-override)."""
+    sequence_parallel: int = 1
+    """Ranks that share every row (Ulysses, a `_spN` strategy). Each group of them trains `micro_batch` rows per
+    micro step and `grad_accum` counts the group's micro steps: a run keeps the global batch of its sp=1 twin by
+    taking sp x as many (the bench's worker sets both)."""
 
 
 class Strategy:

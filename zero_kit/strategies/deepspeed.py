@@ -28,6 +28,7 @@ from typing import Any
 from zero_kit.metrics import storage_bytes, storage_ptrs
 from zero_kit.strategies.base import Strategy as _Base
 from zero_kit.strategies.base import StrategyOptions, make_optimizer, optimizer_state_tensors
+from zero_kit.strategies.ulysses import group_loss, register_ulysses, sequence_shard
 
 QUIET_STEPS = 1_000_000
 """steps_per_print of the bench's DeepSpeed runs: DeepSpeed's periodic log would interleave with the progress."""
@@ -89,6 +90,7 @@ def ds_config_for(options: StrategyOptions, setup: ZeroSetup, hidden_size: int) 
         bf16_optimizer_states=low_precision_states,
         torch_autocast=low_precision_states,
         device="cpu" if options.device.startswith("cpu") else "cuda",
+        sp=options.sequence_parallel,
     )
     run = RunAdjustments(client_optimizer=offload_optimizer == "none", steps_per_print=QUIET_STEPS, zero_overrides=zero)
     config = build_ds_config(spec, run)
@@ -154,7 +156,13 @@ class DeepSpeedStrategy(_Base):
             client = lambda params: make_optimizer(params, options)  # noqa: E731
         elif own:  # the optimizer object, as DDP and FSDP2 get it
             client = make_optimizer(model.parameters(), options)
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=self.config)
+        self.sp = options.sequence_parallel
+        mpu = register_ulysses(model, options) if self.sp > 1 else None
+        if mpu is not None:
+            self.sp_rank, self.sp_group = mpu.get_sequence_parallel_rank(), mpu.get_sequence_parallel_group()
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=client, config=self.config, mpu=mpu
+        )
         if options.compile:
             self.engine.compile()
         self.stage = setup.stage
@@ -162,16 +170,21 @@ class DeepSpeedStrategy(_Base):
         self.engine.timers.log = self._read_timers  # DeepSpeed logs (and resets) its timers; we read them instead
 
     def data_split(self) -> tuple[int, int, int]:
-        # DeepSpeed's mesh is (data parallel, tensor parallel): a TP group is tp consecutive ranks on the same rows.
+        # DeepSpeed's mesh is (data parallel, tensor parallel): a TP group is tp consecutive ranks on the same rows;
+        # Ulysses' groups are sp consecutive ranks too (parallel_state_sp.initialize_sequence_parallel).
         import torch.distributed as dist
 
-        return dist.get_rank() // self.tp, dist.get_world_size() // self.tp, self.options.grad_accum
+        group = self.tp * self.sp
+        return dist.get_rank() // group, dist.get_world_size() // group, self.options.grad_accum
 
     def params_held(self) -> int:
         return sum(p.numel() for p in self.engine.module.parameters()) if self.tp > 1 else self.n_params
 
     def forward(self, batch: dict[str, Any], last: bool):
         batch = {k: v.to(self.engine.device) for k, v in batch.items()}
+        if self.sp > 1:  # this rank's 1/sp of every row; the loss is the group's, over all of each row's tokens
+            shard = sequence_shard(batch, self.sp_rank, self.sp)
+            return group_loss(self.engine(**shard).loss, shard["shift_labels"], self.sp_group)
         return self.engine(**batch).loss
 
     def backward(self, loss, last: bool) -> None:
