@@ -30,11 +30,13 @@ from zero_kit.plan.workload import from_record
 
 pytestmark = pytest.mark.dist
 # zero3_release is ZeRO-3 with parameters released after forward (the paper's schedule); the generator's default
-# zero3 runs in the multinode test and in the recorded benchmark. Kept to 7 launches for CI time.
-STRATEGIES = ["ddp", "fsdp", "zero1", "zero2", "zero3_release", "zero3_release_sp2"]
+# zero3 runs in the multinode test and in the recorded benchmark. Kept to 8 launches for CI time.
+STRATEGIES = ["ddp", "fsdp", "zero1", "zero2", "zero2_sp2", "zero3_release", "zero3_release_sp2"]
 SP = "zero3_release_sp2"
 """zero3_release with Ulysses groups of 2 ranks per row (`zero-kit bench --sp 2` adds such a row after each ZeRO
-strategy; named alone here, one launch): each rank holds 16 of every row's 32 tokens."""
+strategy; named alone here, one launch): each rank holds 16 of every row's 32 tokens. zero2_sp2 is ZeRO-2's, whose
+gradients DeepSpeed 0.19.6 and later hand back sp x too large unless corrected (lint.installed.ulysses_gradient_scale)."""
+SP_ROWS = ("zero2_sp2", SP)
 USER = "ds_config:my_zero2"
 """The row of --ds-config my_zero2.json (docs/comparing.md's name): one more launch, after the named strategies."""
 RUNS = [*STRATEGIES, USER]
@@ -116,9 +118,9 @@ def _zero2_rounds_unlike_ddp(records) -> bool:
 def test_fp32_losses_match_ddp_within_1e_5_over_20_steps(records):
     ddp = records["ddp"]["losses"]
     assert ddp[-1] < ddp[0] - 0.05  # the model really trains, so agreement is not trivial
-    for name in ("fsdp", "zero1", "zero2", "zero3_release", SP, USER):
+    for name in ("fsdp", "zero1", "zero2", "zero2_sp2", "zero3_release", SP, USER):
         diffs = [abs(a - b) for a, b in zip(records[name]["losses"], ddp, strict=True)]
-        if name in ("zero1", "zero2", USER) and _zero2_rounds_unlike_ddp(records):
+        if name in ZERO12 and _zero2_rounds_unlike_ddp(records):
             assert max(diffs[:2]) <= 1e-5, f"{name}'s first update differs from ddp's by {diffs[1]}: not rounding"
             assert max(diffs) <= ZERO2_ROUNDING_BOUND, f"{name} differs from ddp by {max(diffs)}"
             print(f"\n{name} on DeepSpeed < {ZERO2_ROUNDING_BEFORE}: max |loss - ddp| {max(diffs):.2e}")
@@ -141,9 +143,14 @@ def _state(records, name):
 #   working buffers (the planner's buffers, not counted here): ipg bucket reduce_bucket_size x 4 B, persistent
 #   (gathered) small params.
 FP32_COEFFICIENTS = {"ddp": (16, 0), "fsdp": (0, 16), "zero1": (4, 16), "zero2": (4, 16), "zero3_release": (0, 20),
-                     SP: (0, 20), USER: (4, 16)}  # fmt: skip
-PLANNER_NAME = {"zero3_release": "zero3", SP: "zero3", USER: "zero2"}  # ZeRO-3's states, another schedule
-ZERO12 = ("zero1", "zero2", USER)
+                     "zero2_sp2": (4, 16), SP: (0, 20), USER: (4, 16)}  # fmt: skip
+PLANNER_NAME = {
+    "zero3_release": "zero3",
+    SP: "zero3",
+    "zero2_sp2": "zero2",
+    USER: "zero2",
+}  # the states, another schedule
+ZERO12 = ("zero1", "zero2", "zero2_sp2", USER)
 
 
 @pytest.mark.parametrize("name", RUNS)
@@ -236,7 +243,7 @@ def test_every_strategy_splits_its_step_into_phases_that_add_up(records, name):
         assert windows["forward"]["gather"] > 0 and windows["backward"]["gather"] > 0, windows
     if name in ZERO12:  # the updated partitions all-gathered in the optimizer step
         assert windows["step"]["gather"] > 0, windows
-    if name == SP:  # Ulysses' head exchanges: in every layer's forward and backward, nowhere else
+    if name in SP_ROWS:  # Ulysses' head exchanges: in every layer's forward and backward, nowhere else
         assert windows["forward"]["alltoall"] > 0 and windows["backward"]["alltoall"] > 0, windows
         assert windows["step"]["alltoall"] == 0, windows
     else:
@@ -263,6 +270,22 @@ def test_the_sequence_parallel_row_trains_the_same_rows_split_over_its_group(rec
     table = (bench_out / "table.md").read_text()
     assert f"{SP}: Ulysses, 2 ranks per row x data 1; each rank holds 16 of a row's 32 tokens, in 4 micro" in table
     assert "against zero3_release: loss the same" in table
+
+
+@pytest.mark.parametrize("name", SP_ROWS)
+def test_the_sequence_parallel_rows_gradient_norm_is_its_twins(records, name):
+    # Gradient clipping and the logged grad_norm read DeepSpeed's global norm. ZeRO-2 under Ulysses on DeepSpeed
+    # 0.19.6+ reduces the group loss's gradient to sp x its value (the norm measured 2.0x that of zero2 before
+    # lint.installed.ulysses_gradient_scale), ZeRO-3 and 0.18.3 to the value itself: every step's norm is the twin's.
+    # ZeRO-2 on DeepSpeed < 0.19.8 rounds its accumulation otherwise than DeepSpeed 0.19.8 (the parity test above):
+    # there the first step, before any update, is held exactly and the rest to that rounding.
+    r, twin = records[name], records[name.rsplit("_sp", 1)[0]]
+    ours, theirs = r["grad_norms"], twin["grad_norms"]
+    assert len(ours) == len(theirs) == 20 and all(n and n > 0 for n in ours + theirs), (ours, theirs)
+    assert ours[0] == pytest.approx(theirs[0], rel=1e-5)
+    rounding = name == "zero2_sp2" and _zero2_rounds_unlike_ddp(records)
+    assert ours == pytest.approx(theirs, rel=ZERO2_ROUNDING_BOUND if rounding else 1e-5), (ours, theirs)
+    assert r["vs_sp1"]["grad_norm_ratio"] == pytest.approx(1, abs=ZERO2_ROUNDING_BOUND if rounding else 1e-5)
 
 
 @pytest.mark.parametrize("name", ["zero1", "zero2", "zero3_release", USER])

@@ -15,11 +15,15 @@ from zero_kit.lint.accelerate_yaml import check_accelerate_yaml
 from zero_kit.lint.rules_ulysses import accelerate_sp_rules, attention_problems
 
 BASE = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2}}
+GRADIENTS = "gradients of the HF Trainer's sequence-parallel loss"
 HEADS = [(heads, kv) for heads in (4, 6, 8, 32) for kv in (1, 2, 3, 4, 8) if kv <= heads and heads % kv == 0]
 
 
-def _sp_problems(config: dict, context: LintContext) -> list:
-    return [p for p in check_rules(config, context) if p.path == "sequence_parallel_size"]
+def _sp_problems(config: dict, context: LintContext, gradients: bool = False) -> list:
+    """The rules' problems at sequence_parallel_size; the ZeRO-0/1/2 gradient warning (DeepSpeed >= 0.19.6, BASE is
+    ZeRO-2) only with `gradients`: it has a test of its own."""
+    return [p for p in check_rules(config, context) if p.path == "sequence_parallel_size"
+            and (gradients or GRADIENTS not in p.message)]  # fmt: skip
 
 
 def _deepspeed_accepts_heads(monkeypatch, heads: int, kv: int, sp: int) -> bool:
@@ -186,3 +190,25 @@ def test_the_yaml_section_is_checked_against_accelerate_and_the_fixed_one_passes
     assert check_accelerate_yaml(yaml(**{**bad, "parallelism_config_sp_size": 1}), [])[0] == [
         said["parallelism_config.parallelism_config_sp_sizes"]
     ]
+
+
+@pytest.mark.parametrize("release, scaled", [("0.18.3", False), ("0.19.5", False), ("0.19.6", True), ("0.19.8", True)])
+def test_zero_0_1_2_gradients_under_ulysses_are_a_warning_from_deepspeed_0_19_6(monkeypatch, release, scaled):
+    # Measured on each release (lint.installed.SP_GRADIENTS_SCALED_FROM): from 0.19.6 ZeRO-0/1/2 hand back sp x the
+    # gradients of the HF Trainer's loss; the installed release's behaviour is held by tests/dist/test_bench_compare.py
+    # (zero2_sp2's gradient norm is zero2's once zero-kit corrects it by this same function).
+    from zero_kit.lint import installed
+
+    monkeypatch.setattr(installed, "deepspeed_version", lambda: release)
+    for stage in (0, 1, 2, 3):
+        config = {**BASE, "zero_optimization": {"stage": stage}, "sequence_parallel_size": 4}
+        problems = _sp_problems(config, LintContext(world_size=4), gradients=True)
+        assert installed.ulysses_gradient_scale(stage, 4) == (0.25 if scaled and stage < 3 else 1.0)
+        if not scaled or stage == 3:
+            assert not problems, (stage, problems)
+            continue
+        (problem,) = problems
+        assert problem.severity == "warning" and GRADIENTS in problem.message
+        assert f"DeepSpeed {release} (>= 0.19.6) at ZeRO stage {stage}" in problem.message
+        assert "4 x too large" in problem.message and "stage to 3" in problem.fix
+    assert not _sp_problems({**BASE, "sequence_parallel_size": 1}, LintContext(world_size=4), gradients=True)

@@ -82,9 +82,9 @@ def test_the_cli_refuses_it_and_the_model_heads_that_ulysses_refuses(tmp_path, c
 
 
 def test_groups_across_nodes_are_the_linters_warning():
-    (warning,) = generate(ZeroSpec(nodes=2, gpus_per_node=3, sp=2)).warnings
+    (warning,) = generate(ZeroSpec(stage=3, nodes=2, gpus_per_node=3, sp=2)).warnings  # ZeRO-2: lint_sp.py
     assert "does not divide the 3 ranks per node" in warning
-    assert generate(ZeroSpec(nodes=2, gpus_per_node=4, sp=2)).warnings == ()
+    assert generate(ZeroSpec(stage=3, nodes=2, gpus_per_node=4, sp=2)).warnings == ()
 
 
 def _written(tmp_path: Path, *flags: str) -> Path:

@@ -101,6 +101,7 @@ def build_record(
         "steps": opts.steps,
         "warmup": opts.warmup,
         "losses": result["losses"],
+        "grad_norms": result["grad_norms"],  # before clipping, as the backend computed them (None: it keeps none)
         "step_times_s": result["step_times_s"],
         "step_time_s": result["median"],
         **_phase_entry(phases, timed, middle, result["ds_timers"][opts.warmup :], per_rank),

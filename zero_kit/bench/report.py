@@ -174,16 +174,18 @@ def annotate(records: list[dict[str, Any]]) -> None:
 
 
 def _against_sp1(r: dict[str, Any], ok: list[dict[str, Any]]) -> None:
-    """A `_spN` row beside its sp=1 twin of the same run (zero3_sp2 and zero3): per-step loss, tokens/s and peak
-    RSS, as `r["vs_sp1"]`; nothing without the twin."""
+    """A `_spN` row beside its sp=1 twin of the same run (zero3_sp2 and zero3): per-step loss, gradient norm (the
+    step furthest from the twin's, as a ratio), tokens/s and peak RSS, as `r["vs_sp1"]`; nothing without the twin."""
     sp = (r.get("parallel") or {}).get("sequence", 1)
     twin = next((o for o in ok if sp > 1 and o["strategy"] == r["strategy"].rsplit("_sp", 1)[0]), None)
     if twin is None:
         return
     diffs = [abs(a - b) for a, b in zip(r["losses"], twin["losses"], strict=False)]
     rss, twin_rss = r["peak_mem_bytes"].get("rss"), twin["peak_mem_bytes"].get("rss")
+    pairs = [(a, b) for a, b in zip(r.get("grad_norms") or [], twin.get("grad_norms") or [], strict=False) if a and b]
     r["vs_sp1"] = {"strategy": twin["strategy"], "max_abs_loss_diff": max(diffs) if diffs else None,
                    "loss_parity": loss_parity(r["losses"], twin["losses"], r["precision"]),
+                   "grad_norm_ratio": max((a / b for a, b in pairs), key=lambda x: abs(x - 1)) if pairs else None,
                    "tokens_per_s_ratio": r["tokens_per_s"]["total"] / twin["tokens_per_s"]["total"],
                    "peak_rss_ratio": rss / twin_rss if rss and twin_rss else None}  # fmt: skip
 
@@ -204,10 +206,16 @@ def _sequence_parallel_notes(ok: list[dict[str, Any]]) -> list[str]:
         if twin:
             rss = twin["peak_rss_ratio"]
             line += (f"; against {twin['strategy']}: loss {'the same' if twin['loss_parity'] else 'NOT the same'}"
-                     f" (max diff {twin['max_abs_loss_diff']:.1e}), tokens/s {twin['tokens_per_s_ratio']:.2f}x,"
+                     f" (max diff {twin['max_abs_loss_diff']:.1e}), gradient norm {_norm_ratio(twin)},"
+                     f" tokens/s {twin['tokens_per_s_ratio']:.2f}x,"
                      f" peak RSS {'-' if rss is None else f'{rss:.2f}x'}")  # fmt: skip
         lines.append(line)
     return [""] + lines if lines else []
+
+
+def _norm_ratio(twin: dict[str, Any]) -> str:
+    ratio = twin.get("grad_norm_ratio")
+    return "-" if ratio is None else f"{ratio:.6f}x"
 
 
 def _mib(n: float | None) -> str:

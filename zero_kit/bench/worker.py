@@ -169,7 +169,7 @@ def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, devic
     split = strategy.data_split()
     sync = torch.cuda.synchronize if device.startswith("cuda") else None
     timer, phases = StepTimer(sync), PhaseClock(counter, sync)
-    losses, grads, split_steps, ds_timers = [], [0], [], []
+    losses, grads, split_steps, ds_timers, norms = [], [0], [], [], []
     on_deepspeed = strategy.name.startswith("zero") or is_user_config(strategy.name)
     ds_log = DeepSpeedCommsLog() if opts.ds_comms_log and on_deepspeed else None
 
@@ -195,6 +195,7 @@ def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, devic
             split_steps.append(phases.end(elapsed))
             counting(False)
         ds_timers.append(strategy.step_timers())
+        norms.append(strategy.grad_norm())
         held = [_scalar(loss) for loss in held if loss is not None]
         losses.append(_global_mean(sum(held) / len(held) if held else None, device))
         if heartbeat is not None:
@@ -208,6 +209,7 @@ def _train(strategy, opts: BenchOptions, counter: CommCounter, vocab: int, devic
         "median": timer.median(opts.warmup),
         "phases": split_steps,
         "ds_timers": ds_timers,
+        "grad_norms": norms,
         "bytes": (params, grads[0], optimizer),
         "ds_comms_log": ds_log.summary(opts.steps - opts.warmup, world) if ds_log else None,
         "extra": strategy.extra_record(),
@@ -220,6 +222,7 @@ def _build(strategy_name: str, info, user, opts: BenchOptions, device: str, coun
     import torch.distributed as dist
 
     from zero_kit.bench.options import parse_zero_override
+    from zero_kit.lint.installed import ulysses_gradient_scale
     from zero_kit.strategies import StrategyOptions, build_strategy
 
     model = build_model(opts)
@@ -231,6 +234,7 @@ def _build(strategy_name: str, info, user, opts: BenchOptions, device: str, coun
         micro_batch=opts.micro_batch,
         grad_accum=opts.grad_accum * sp,
         sequence_parallel=sp,
+        sp_gradient_scale=ulysses_gradient_scale(info.stage, sp),
         world_size=dist.get_world_size(),
         device=device,
         lr=opts.lr,

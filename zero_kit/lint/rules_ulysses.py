@@ -12,6 +12,9 @@ own code and reproduced against it in tests/unit/test_lint_sp.py:
   "AutoEP with ZeRO Stage 3 does not support sequence parallelism yet" for a model with MoE layers. DeepSpeed's SP
   refuses no other stage or offload: runtime/zero and the engine hold no such check (ZeRO-0 to 3 each scale the
   gradients by sp), so there is no rule for them.
+- W ZeRO stage 0-2 on DeepSpeed 0.19.6 and later (lint.installed.ulysses_gradient_scale): the gradients of the HF
+  Trainer's SP loss come back sp x too large (grad_norm sp x, clipping at 1/sp of its threshold), measured against
+  the same run at sp=1 by tests/dist/test_bench_compare.py; zero-kit train and bench correct it.
 - The world size not divisible by sp is rules_batch's (it divides the world by sp for the batch keys).
 - In an accelerate YAML's `parallelism_config` (`accelerate_sp_rules`, from lint/accelerate_yaml.py), where the
   sequence length and the attention are known: E a sequence length not divisible by sp
@@ -44,7 +47,7 @@ def sp_rules(config: dict, context: LintContext) -> list[Problem]:
     sp = sequence_parallel_size(config)
     if sp < 2:
         return []
-    return _heads(context, sp) + _nodes(context, sp) + _autoep(config, sp)
+    return _heads(context, sp) + _nodes(context, sp) + _autoep(config, sp) + _scaled_gradients(config, sp)
 
 
 def _heads(context: LintContext, sp: int) -> list[Problem]:
@@ -114,6 +117,25 @@ def _autoep(config: dict, sp: int) -> list[Problem]:
     )
     fix = f"set zero_optimization.stage to 2 (or 1), or leave {PATH} out"
     return [Problem("error", PATH, sp, message, fix)]
+
+
+def _scaled_gradients(config: dict, sp: int) -> list[Problem]:
+    from zero_kit.lint.installed import SP_GRADIENTS_SCALED_FROM, deepspeed_version, ulysses_gradient_scale
+
+    stage = lookup(config, "zero_optimization.stage")
+    stage = stage if isinstance(stage, int) and not isinstance(stage, bool) else 0
+    if ulysses_gradient_scale(stage, sp) == 1.0:
+        return []
+    message = (
+        f"DeepSpeed {deepspeed_version()} (>= {SP_GRADIENTS_SCALED_FROM}) at ZeRO stage {stage} with {PATH}({sp})"
+        f" hands back {sp} x the gradients of the HF Trainer's sequence-parallel loss: grad_norm is logged {sp} x too"
+        f" large and gradient clipping cuts at 1/{sp} of its threshold (ZeRO-3 is exact; zero-kit train corrects it)"
+    )
+    fix = (
+        f"set zero_optimization.stage to 3, or give gradient_clipping (max_grad_norm) {sp} x the threshold you mean"
+        f" (the logged grad_norm stays {sp} x)"
+    )
+    return [Problem("warning", PATH, sp, message, fix)]
 
 
 def accelerate_sp_rules(section: dict[str, Any]) -> list[Problem]:

@@ -26,6 +26,9 @@ class StrategyOptions:
     zero_overrides: tuple[tuple[str, object], ...] = ()
     """zero_optimization keys over the generator's and the variant's, for every ZeRO strategy (bench
     --zero-override)."""
+    sp_gradient_scale: float = 1.0
+    """The factor on the gradient of a `_spN` row's loss (lint.installed.ulysses_gradient_scale: what the installed
+    DeepSpeed needs at this stage for the mean gradient of the rows)."""
     sequence_parallel: int = 1
     """Ranks that share every row (Ulysses, a `_spN` strategy). Each group of them trains `micro_batch` rows per
     micro step and `grad_accum` counts the group's micro steps: a run keeps the global batch of its sp=1 twin by
@@ -69,6 +72,11 @@ class Strategy:
         loss = self.forward(batch, last)
         self.backward(loss, last)
         return None if loss is None else loss.item()
+
+    def grad_norm(self) -> float | None:
+        """The global gradient norm of the step just taken, before clipping, as the backend computed it; None where
+        it keeps none."""
+        return None
 
     def step_timers(self) -> dict[str, float]:
         """The backend's own timers of the optimizer step just taken, in ms (DeepSpeed's wall_clock_breakdown);

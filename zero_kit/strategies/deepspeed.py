@@ -28,7 +28,7 @@ from typing import Any
 from zero_kit.metrics import storage_bytes, storage_ptrs
 from zero_kit.strategies.base import Strategy as _Base
 from zero_kit.strategies.base import StrategyOptions, make_optimizer, optimizer_state_tensors
-from zero_kit.strategies.ulysses import group_loss, register_ulysses, sequence_shard
+from zero_kit.strategies.ulysses import group_loss, register_ulysses, sequence_shard, with_gradient_scale
 
 QUIET_STEPS = 1_000_000
 """steps_per_print of the bench's DeepSpeed runs: DeepSpeed's periodic log would interleave with the progress."""
@@ -184,7 +184,8 @@ class DeepSpeedStrategy(_Base):
         batch = {k: v.to(self.engine.device) for k, v in batch.items()}
         if self.sp > 1:  # this rank's 1/sp of every row; the loss is the group's, over all of each row's tokens
             shard = sequence_shard(batch, self.sp_rank, self.sp)
-            return group_loss(self.engine(**shard).loss, shard["shift_labels"], self.sp_group)
+            loss = group_loss(self.engine(**shard).loss, shard["shift_labels"], self.sp_group)
+            return with_gradient_scale(loss, self.options.sp_gradient_scale)
         return self.engine(**batch).loss
 
     def backward(self, loss, last: bool) -> None:
@@ -198,6 +199,10 @@ class DeepSpeedStrategy(_Base):
     def step(self) -> None:
         assert self.engine.is_gradient_accumulation_boundary()
         self.engine.step()
+
+    def grad_norm(self) -> float | None:
+        norm = self.engine.get_global_grad_norm()  # None where DeepSpeed keeps none (ZeRO-0 with a client optimizer)
+        return None if norm is None else float(norm)
 
     def _read_timers(self, names, normalizer=1.0, reset=True, memory_breakdown=False, ranks=None) -> None:
         """In place of SynchronizedWallClockTimer.log (which prints on rank 0 and resets): the named timers' ms added to

@@ -61,3 +61,13 @@ def group_loss(loss, shift_labels, group):
     losses = torch.stack(all_gather(loss, group=group))
     weighed = torch.where(counts > 0, losses, torch.zeros_like(losses)) * counts
     return weighed.sum() / counts.sum().clamp(min=1)
+
+
+def with_gradient_scale(loss, scale: float):
+    """`loss` with its value and `scale` x its gradient (a hook on a copy: the value is not recomputed, so the loss
+    the run logs is the same number)."""
+    if scale == 1.0:
+        return loss
+    scaled = loss.clone()
+    scaled.register_hook(lambda grad: grad * scale)
+    return scaled

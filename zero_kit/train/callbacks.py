@@ -448,17 +448,28 @@ class TokenCount(TrainerCallback):
         self.at_start = state.num_input_tokens_seen
 
 
-def counting_trainer(tokens: TokenCount, base: type | None = None) -> type:
+def counting_trainer(tokens: TokenCount, base: type | None = None, grad_scale: float = 1.0) -> type:
     """The Trainer class of a run: each trained micro batch goes to `tokens`; each log entry gets the count and, with
     the training's start time, the session's speed, as the Trainer adds them when it counts itself. `base`: a
-    Trainer subclass to count in (TRL's DPOTrainer for --method dpo), else the HF Trainer."""
+    Trainer subclass to count in (TRL's DPOTrainer for --method dpo), else the HF Trainer. `grad_scale`: the training
+    loss's gradient takes this factor, its value none (lint.installed.ulysses_gradient_scale: --sp at ZeRO-0/1/2)."""
     from transformers import Trainer
     from transformers.trainer_utils import speed_metrics
+
+    from zero_kit.strategies.ulysses import with_gradient_scale
 
     class CountingTrainer(base or Trainer):
         def training_step(self, model, inputs, *args, **kwargs):
             tokens.add(inputs)
             return super().training_step(model, inputs, *args, **kwargs)
+
+        def compute_loss(self, model, inputs, return_outputs=False, *args, **kwargs):
+            out = super().compute_loss(model, inputs, return_outputs, *args, **kwargs)
+            if grad_scale == 1.0 or not model.training:
+                return out
+            if return_outputs:
+                return (with_gradient_scale(out[0], grad_scale), *out[1:])
+            return with_gradient_scale(out, grad_scale)
 
         def log(self, logs, start_time=None, *args, **kwargs):
             seen = self.state.num_input_tokens_seen

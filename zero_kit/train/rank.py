@@ -19,6 +19,7 @@ from zero_kit.checkpoints import store, universal
 from zero_kit.checkpoints.claim import check_handed
 from zero_kit.dist import barrier, end_process_group
 from zero_kit.errors import UserError
+from zero_kit.lint.installed import ulysses_gradient_scale
 from zero_kit.log import VERBOSE_ENV, say, warn
 from zero_kit.train import rundata, startup, stopping
 from zero_kit.train.guards import fit, oom, preflight
@@ -406,7 +407,9 @@ def _trainer(plan: RunPlan, me: Rank, args, model, tokenizer, data: rundata.Data
         CompleteCheckpointCallback(plan.output, opts.save_total_limit, run_info, keep_best=opts.keep_best),
         *([HeartbeatCallback(heartbeat)] if heartbeat is not None else []),  # last: sees this step's save decision
     ]
-    trainer = _build_trainer(plan, me, partial(counting_trainer, tokens), model, args, tokenizer, data, callbacks)
+    scale = ulysses_gradient_scale(plan.zero_stage, opts.sp)  # DeepSpeed's ZeRO-0/1/2 under --sp
+    counting = partial(counting_trainer, tokens, grad_scale=scale)
+    trainer = _build_trainer(plan, me, counting, model, args, tokenizer, data, callbacks)
     trainer.remove_callback(PrinterCallback)  # our ProgressCallback says the same, readably, on rank 0 only
     before_trackers(trainer, throughput, perplexity)  # the trackers get tokens/s, MFU and perplexity too
     return trainer, preemption, diverged
