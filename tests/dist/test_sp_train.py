@@ -9,6 +9,8 @@ batches at sp=1 without tiling, fp32:
   gathers a group's batches at one size only, and the padding is out of the loss (the parity above); 512 tokens are
   256 per rank, two slices of the tiny model's width (192) for the MLP and the loss (tests/unit/test_tiled.py: the
   tiling alone);
+- the same gradient norm at every step, at ZeRO-3 and at ZeRO-2 (where DeepSpeed 0.19.6+ needs zero-kit's
+  correction);
 - its checkpoint resumes at another sp (one rank, sp=1: a universal conversion) with the losses going on as the
   uninterrupted run's, and its export loads in plain transformers.
 """
@@ -39,6 +41,27 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     return {"sp": sp, "alone": alone, "root": root}
 
 
+def _grad_norms(out: Path) -> list[float]:
+    return [r["grad_norm"] for r in log_records(out) if "loss" in r]
+
+
+def test_sp2_gradient_norms_are_one_ranks_at_zero_3_and_at_zero_2(runs):
+    # The Trainer clips with, and logs, DeepSpeed's global gradient norm. ZeRO-3 reduces the group loss's gradient as
+    # it is; ZeRO-2 on DeepSpeed 0.19.6+ hands it back 2x, which zero-kit train scales away
+    # (lint.installed.ulysses_gradient_scale; without it this run's norms measured 2.000x the one rank's).
+    zero2 = runs["root"] / "zero2_sp2"
+    flags = list(COMMON)
+    flags[flags.index("--stage") + 1] = "2"
+    run(zero_kit("train", "--nproc", "2", "--sp", "2", *flags, "--no-export", "--output", str(zero2)), timeout=600)
+    alone = _grad_norms(runs["alone"])
+    assert len(alone) == STEPS and all(n > 0 for n in alone)
+    assert _grad_norms(runs["sp"]) == pytest.approx(alone, rel=1e-5)
+    assert _grad_norms(zero2) == pytest.approx(alone, rel=1e-5)
+    assert assert_trained(zero2, STEPS, world_size=2, stage=2) == pytest.approx(
+        assert_trained(runs["alone"], STEPS, world_size=1, stage=3), abs=1e-5
+    )
+
+
 def test_sp2_losses_and_tokens_match_one_rank_at_sp1(runs):
     sp = assert_trained(runs["sp"], STEPS, world_size=2, stage=3)
     alone = assert_trained(runs["alone"], STEPS, world_size=1, stage=3)
@@ -46,7 +69,9 @@ def test_sp2_losses_and_tokens_match_one_rank_at_sp1(runs):
     assert sp[-1] < sp[0]
     tokens = [[r["tokens_seen"] for r in log_records(runs[name]) if "loss" in r] for name in ("sp", "alone")]
     assert tokens[0] == tokens[1] and tokens[0][-1] > 0
-    evals = [{r["step"]: r["eval_loss"] for r in log_records(runs[name]) if "eval_loss" in r} for name in ("sp", "alone")]
+    evals = [
+        {r["step"]: r["eval_loss"] for r in log_records(runs[name]) if "eval_loss" in r} for name in ("sp", "alone")
+    ]
     assert sorted(evals[0]) == [5, 10] and evals[0] == pytest.approx(evals[1], abs=1e-5), evals
 
 
