@@ -24,6 +24,7 @@ PART_DATA_KEYS: dict[str, tuple[str, ...]] = {
     "correctness": ("precision", "tolerance", "reference", "runs", "within_tolerance", "two_ranks_one_gpu"),
     "compile": ("runs",),
     "zeropp": ("strategies", "train_runs"),
+    "long": ("strategy", "planned", "variants", "planned_only"),
 }
 TARGETS = {"zero2_vs_ddp_tokens_per_s": 0.90, "zero3_vs_ddp_tokens_per_s": 0.80, "ddp_mfu_bf16": 0.40,
            "planner_peak_rel_error": 0.10}  # fmt: skip

@@ -17,6 +17,8 @@ measured:
   compile      torch.compile for ddp and zero3
   zeropp       `zero-kit train --ds-config` with ZeRO++ qwZ+qgZ and with the bf16 low-precision states vs plain
                ZeRO-3 (losses reported); without CUDA, checks that qwZ/qgZ are refused with the reason
+  long         the longest sequence `zero-kit train` trains on one GPU with the ~1B model, plain, with activation
+               checkpointing and with tiled compute, against the planner's longest (issue 48; parts_long.py)
 
 then OUT/summary.md and PNG plots (`python -m benchmarks.gpu.summary OUT` re-renders them). Targets are
 reported, never asserted (benchmarks/gpu/common.py TARGETS). Versions and hardware are in every record.
@@ -37,7 +39,7 @@ import time
 import traceback
 from pathlib import Path
 
-from benchmarks.gpu import parts_bench, parts_env, parts_sweep, parts_train, parts_zeropp
+from benchmarks.gpu import parts_bench, parts_env, parts_long, parts_sweep, parts_train, parts_zeropp
 from benchmarks.gpu.common import Context, append_jsonl, check_record, make_record
 
 PARTS = [
@@ -49,11 +51,13 @@ PARTS = [
     ("correctness", parts_bench.correctness),
     ("compile", parts_bench.compile_part),
     ("zeropp", parts_zeropp.zeropp),
+    ("long", parts_long.long_sequences),
 ]
 """In the GPU issue's order of value: train on CUDA, throughput at a micro batch that fills the GPU, the planner
-out of sample, the sweep; then bf16 parity, compile and ZeRO++ while time remains."""
+out of sample, the sweep; then bf16 parity, compile and ZeRO++ while time remains; the long-sequence limits last
+(6 runs of the 1B model: `--parts environment,long` when they are what the machine is for)."""
 RESERVE_S = {"train": 60, "throughput": 120, "planner": 30, "sweep": 90, "correctness": 60, "compile": 90,
-             "zeropp": 150}  # fmt: skip
+             "zeropp": 150, "long": 240}  # fmt: skip
 """A part starts only with at least this many seconds of the budget left (else: skipped, budget spent)."""
 
 

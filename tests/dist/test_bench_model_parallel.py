@@ -61,8 +61,8 @@ def test_both_ran_as_model_parallel_on_two_ranks(records):
     for r in records.values():
         assert not r.get("failed"), r.get("log_tail")
         assert r["world_size"] == N and len(r["losses"]) == 8 and r["step_time_s"] > 0
-    assert records["zero1_tp"]["parallel"] == {"tensor": 2, "pipeline": 1, "data": 1}
-    assert records["pp"]["parallel"] == {"tensor": 1, "pipeline": 2, "data": 1}
+    assert records["zero1_tp"]["parallel"] == {"tensor": 2, "pipeline": 1, "sequence": 1, "data": 1}
+    assert records["pp"]["parallel"] == {"tensor": 1, "pipeline": 2, "sequence": 1, "data": 1}
     assert records["ddp"]["losses"][-1] < records["ddp"]["losses"][0] - 0.02  # it trains: agreement is not trivial
 
 

@@ -29,7 +29,7 @@ def test_pp_with_data_parallel_stages_matches_ddp(records):
     for r in records.values():
         assert not r.get("failed"), r.get("log_tail")
     pp = records["pp"]
-    assert pp["parallel"] == {"tensor": 1, "pipeline": 2, "data": 2} and pp["nnodes"] == 2
+    assert pp["parallel"] == {"tensor": 1, "pipeline": 2, "sequence": 1, "data": 2} and pp["nnodes"] == 2
     diffs = [abs(a - b) for a, b in zip(pp["losses"], records["ddp"]["losses"], strict=True)]
     assert max(diffs) <= 1e-5, diffs
 

@@ -34,7 +34,7 @@ def test_dry_run_writes_one_valid_record_per_part(tmp_path):
         assert check_record(record) == [], record["part"]
         assert record["dry_run"] and record["versions"]["torch"] and record["hardware"]["cpus"]
     by = {r["part"]: r for r in records}
-    for part in ("environment", "train", "throughput", "sweep", "correctness"):  # what runs on CPU ran, and passed
+    for part in ("environment", "train", "throughput", "sweep", "correctness", "long"):  # CPU's parts ran, passed
         assert by[part]["status"] == "ok", (part, by[part]["reason"], by[part]["data"].get("traceback"))
     for part in ("planner", "compile"):
         assert by[part]["status"] == "skipped" and "no CUDA" in by[part]["reason"]
@@ -58,6 +58,14 @@ def test_dry_run_writes_one_valid_record_per_part(tmp_path):
     zeropp = by["zeropp"]  # qwZ/qgZ are CUDA-only: on CPU the generator (told so) and a train run refuse them
     assert zeropp["status"] == "skipped" and "refused" in zeropp["reason"], (zeropp["reason"], zeropp["data"])
     assert all(r["refused"] and "CPU backend" in r["message"] for r in zeropp["data"]["cpu_refusal"].values())
+    long = by["long"]["data"]  # issue 48: every variant planned for ZeRO-3, the longer the more flags; one trained
+    planned = {name: row["seq_len"] for name, row in long["planned"].items()}
+    assert long["strategy"] == "zero3" and all(row["limit_terms"] for row in long["planned"].values())
+    assert 0 < planned["plain"] < planned["checkpointing"] < planned["checkpointing+tiled"], planned
+    assert planned["plain"] < planned["tiled"] < planned["checkpointing+tiled"], planned
+    runs = [run for v in long["variants"].values() for run in v["runs"]]
+    assert [(run["length"], run["trained"]) for run in runs] == [(256, True)], runs
+    assert "--tiled-compute" in runs[0]["command"] and "--no-memory-check" in runs[0]["command"]
     correctness = by["correctness"]["data"]
     assert {r["strategy"] for r in correctness["runs"]} == {"ddp", "zero3"} and all(
         correctness["within_tolerance"].values()

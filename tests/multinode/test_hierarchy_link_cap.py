@@ -111,8 +111,8 @@ def test_model_parallel_rank_order_puts_tp_in_a_host_and_stages_across_hosts(res
     """Rank = (stage x dp + dp index) x tp + tp index (zero_kit.plan.parallel), node = rank // 2: the tp pair is
     one host's two ranks (only ZeRO-1's data-parallel sync crosses), the pipeline's stages are the two hosts."""
     tp, pp = result["zero1_tp"]["record"], result["pp"]["record"]
-    assert tp["parallel"] == {"tensor": 2, "pipeline": 1, "data": 2}
-    assert pp["parallel"] == {"tensor": 1, "pipeline": 2, "data": 2}
+    assert tp["parallel"] == {"tensor": 2, "pipeline": 1, "sequence": 1, "data": 2}
+    assert pp["parallel"] == {"tensor": 1, "pipeline": 2, "sequence": 1, "data": 2}
     held = pp["model"]["params_held_by_rank"]
     assert held[0] == held[1] != held[2] == held[3]  # stage 0 on host 0, stage 1 on host 1
     tp_counted, _ = tiers(tp)
