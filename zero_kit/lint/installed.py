@@ -40,19 +40,19 @@ def deepspeed_version() -> str:
 
 
 SP_GRADIENTS_SCALED_FROM = "0.19.6"
-"""The first DeepSpeed whose ZeRO-0/1/2 hand back Ulysses gradients sp x the group loss's (`ulysses_gradient_scale`);
-0.19.5 and before (0.18.3 included) do not. Measured by the global gradient norm against the same run at sp=1 on
-each release from 0.19.0 to 0.19.8; tests/dist/test_bench_compare.py holds it for the installed one."""
+"""The first DeepSpeed whose ZeRO-0/1/2 hand back Ulysses gradients sp x the group loss's (`ulysses_gradient_scale`).
+Measured at ZeRO-2 by the global gradient norm against the same run at sp=1: exact on 0.18.3, 0.19.0, 0.19.4 and
+0.19.5, 2x at sp=2 on 0.19.6, 0.19.7 and 0.19.8 (there ZeRO-0 and ZeRO-1 too); tests/dist/test_bench_compare.py
+holds it for the installed release."""
 
 
 def ulysses_gradient_scale(stage: int, sp: int) -> float:
     """What the gradient of a Ulysses group's loss must be multiplied by for DeepSpeed to reduce it to the mean
     gradient of the rows: 1/sp at ZeRO-0/1/2 on DeepSpeed SP_GRADIENTS_SCALED_FROM and later, else 1. The loss is the
     HF Trainer's under DeepSpeed SP (each rank's mean over its slice, weighed by its tokens through a differentiable
-    all-gather; zero_kit.strategies.ulysses.group_loss), so a rank's gradient already holds the group's sp shares;
-    those releases divide the sum over all ranks by the data-parallel ranks only (world / sp): the gradient norm
-    comes out sp x the same run's at sp=1, gradient clipping cuts at 1/sp of its threshold and the Trainer logs an
-    sp x grad_norm. ZeRO-3 divides by every rank."""
+    all-gather; zero_kit.strategies.ulysses.group_loss), so a rank's gradient already holds the group's sp shares,
+    and those releases' reduction returns sp x the mean gradient: the gradient norm comes out sp x the same run's at
+    sp=1, gradient clipping cuts at 1/sp of its threshold and the Trainer logs an sp x grad_norm. ZeRO-3 is exact."""
     if sp <= 1 or stage >= 3:
         return 1.0
     from packaging.version import InvalidVersion, Version
