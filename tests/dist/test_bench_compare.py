@@ -27,6 +27,7 @@ from zero_kit.dist import THP_ENV
 from zero_kit.plan.accounting import model_state_bytes, zero12_edge_grad_bytes
 from zero_kit.plan.traffic import ulysses
 from zero_kit.plan.workload import from_record
+from zero_kit.strategies import SP_SUFFIX
 
 pytestmark = pytest.mark.dist
 # zero3_release is ZeRO-3 with parameters released after forward (the paper's schedule); the generator's default
@@ -279,7 +280,7 @@ def test_the_sequence_parallel_rows_gradient_norm_is_its_twins(records, name):
     # lint.installed.ulysses_gradient_scale), ZeRO-3 and 0.18.3 to the value itself: every step's norm is the twin's.
     # ZeRO-2 on DeepSpeed < 0.19.8 rounds its accumulation otherwise than DeepSpeed 0.19.8 (the parity test above):
     # there the first step, before any update, is held exactly and the rest to that rounding.
-    r, twin = records[name], records[name.rsplit("_sp", 1)[0]]
+    r, twin = records[name], records[SP_SUFFIX.match(name)["base"]]
     ours, theirs = r["grad_norms"], twin["grad_norms"]
     assert len(ours) == len(theirs) == 20 and all(n and n > 0 for n in ours + theirs), (ours, theirs)
     assert ours[0] == pytest.approx(theirs[0], rel=1e-5)

@@ -157,6 +157,6 @@ def test_the_bench_refuses_a_sequence_parallel_run_ulysses_cannot_split_before_l
     with pytest.raises(UserError) as refused:
         check_sequence_parallel([check_name("zero2_sp4")], 6, model, 30)
     said = str(refused.value)
-    assert "6 rank(s) do not form groups of 4" in said and "--nproc 4" in said
+    assert "--sp 4 does not divide the world size 6 (--nproc)" in said and "or run on a multiple of 4 ranks" in said
     assert "cannot split 6 attention heads (3 key-value heads) over 4 ranks" in said
     assert "--seq-len 30 is not a multiple of 4" in said and "--seq-len 32" in said

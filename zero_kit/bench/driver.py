@@ -117,15 +117,17 @@ def check_sequence_parallel(infos, world: int, config, seq_len: int) -> None:
     """Refuse, before any launch, a `_spN` run Ulysses cannot split (every problem at once, with its fix): N not
     dividing the ranks (DeepSpeed's initialize_sequence_parallel raises), heads it cannot divide (lint.rules_ulysses,
     from UlyssesSPAttentionHF), a row length not a multiple of N (each rank takes an equal slice)."""
+    from zero_kit.config.builder import data_parallel_size
     from zero_kit.errors import UserError, raise_all
     from zero_kit.lint.rules_ulysses import heads_split
 
     problems = []
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     for sp in sorted({info.sequence_parallel for info in infos if info.sequence_parallel > 1}):
-        if world % sp:
-            problems.append(UserError(f"--sp {sp}: {world} rank(s) do not form groups of {sp}",
-                                      f"--nproc {sp} or a multiple of it"))  # fmt: skip
+        try:
+            data_parallel_size(world, sp, "--nproc")
+        except UserError as err:
+            problems.append(err)
         if not heads_split(heads, kv, sp):
             problems.append(UserError(f"--sp {sp}: Ulysses cannot split {heads} attention heads ({kv} key-value heads)"
                                       f" over {sp} ranks", "an --sp that divides the attention heads, and that the"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from zero_kit.bench.user_config import record_info, table_notes
-from zero_kit.strategies import STRATEGIES, is_user_config
+from zero_kit.strategies import SP_SUFFIX, STRATEGIES, is_user_config
 
 PARITY_TOL = 1e-5
 """fp32: every step's loss within this of DDP's (absolute): the strategies compute the same sums."""
@@ -176,8 +176,9 @@ def annotate(records: list[dict[str, Any]]) -> None:
 def _against_sp1(r: dict[str, Any], ok: list[dict[str, Any]]) -> None:
     """A `_spN` row beside its sp=1 twin of the same run (zero3_sp2 and zero3): per-step loss, gradient norm (the
     step furthest from the twin's, as a ratio), tokens/s and peak RSS, as `r["vs_sp1"]`; nothing without the twin."""
-    sp = (r.get("parallel") or {}).get("sequence", 1)
-    twin = next((o for o in ok if sp > 1 and o["strategy"] == r["strategy"].rsplit("_sp", 1)[0]), None)
+    sequence_parallel = (r.get("parallel") or {}).get("sequence", 1) > 1
+    variant = SP_SUFFIX.match(r["strategy"]) if sequence_parallel else None
+    twin = next((o for o in ok if variant and o["strategy"] == variant["base"]), None)
     if twin is None:
         return
     diffs = [abs(a - b) for a, b in zip(r["losses"], twin["losses"], strict=False)]

@@ -21,6 +21,7 @@ from zero_kit.errors import UserError, raise_all
 from zero_kit.strategies.base import Strategy, StrategyOptions
 
 __all__ = [
+    "SP_SUFFIX",
     "STRATEGIES",
     "Strategy",
     "StrategyInfo",
