@@ -3,6 +3,7 @@
     args = training_arguments("out", stage=3, per_device_train_batch_size=4)  # first: before the model
     model = AutoModelForCausalLM.from_pretrained("my-llama")  # ZeRO-3: built inside zero.Init, sharded
     Trainer(model=model, args=args, train_dataset=data, callbacks=[ThroughputCallback(model)]).train()
+    finish()  # every rank, last: leaves without the interpreter teardown that can abort a CPU rank
 
 Why the arguments come first: TrainingArguments(deepspeed=...) registers transformers' HfDeepSpeedConfig (a
 module-level weak reference to an object the arguments hold), and from_pretrained builds a ZeRO-3 model inside
@@ -14,9 +15,16 @@ commands: docs/own_script.md.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NoReturn
 
-from zero_kit.dist import free_port, single_process_env, slurm_to_torch_env, under_launcher
+from zero_kit.dist import (
+    end_process_group,
+    exit_rank,
+    free_port,
+    single_process_env,
+    slurm_to_torch_env,
+    under_launcher,
+)
 from zero_kit.errors import UserError, raise_all
 from zero_kit.log import library_notices_to_log
 from zero_kit.train.callbacks import ThroughputCallback
@@ -106,6 +114,22 @@ def training_arguments(
     return args
 
 
+def finish(code: int = 0) -> NoReturn:
+    """End this rank after its last save, as `zero-kit train` ends its ranks: meet the other ranks, end the process
+    group, run the script's atexit handlers (loggers, trackers), flush, and leave with os._exit(code).
+
+    Leaving through interpreter teardown instead can abort a CPU rank after a finished run ("terminate called without
+    an active exception", the launcher's exit 250 or -6): gloo's threads hold work that references Python, freed
+    while the interpreter is torn down. `destroy_process_group()` makes that rarer, not impossible (this project's CI
+    saw the README's Trainer script abort so after it); os._exit runs no teardown. Call it on every rank, as the
+    script's last line (docs/own_script.md)."""
+    import atexit
+
+    end_process_group(finished=True)
+    atexit._run_exitfuncs()  # what a normal exit would run; os._exit skips them
+    exit_rank(code)
+
+
 def _check_sp(sp: int) -> None:
     """sp= against the launcher's world (before a rendezvous) and the installed libraries."""
     from zero_kit.train.plan import dp_size_of
@@ -184,4 +208,4 @@ def _resolve_precision(choice: str, config: dict, ds_config: str | None, machine
     return resolve_precision(from_file or choice, machine, from_file_path=ds_config if from_file else None)
 
 
-__all__ = ["ThroughputCallback", "deepspeed_config", "training_arguments"]
+__all__ = ["ThroughputCallback", "deepspeed_config", "finish", "training_arguments"]

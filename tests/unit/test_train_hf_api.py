@@ -120,3 +120,20 @@ def test_on_a_host_without_cuda_bf16_and_use_cpu_false_are_refused(monkeypatch):
     with pytest.raises(UserError, match="use_cpu=False does not fit a host without CUDA"):
         training_arguments("out", stage=2, use_cpu=False)
     assert dict(os.environ) == before
+
+
+def test_finish_runs_the_scripts_atexit_handlers_and_leaves_with_its_code(tmp_path):
+    """finish() is os._exit after the exit handlers: a tracker's atexit flush still runs, output is not lost, and
+    the code is the one given (a world of one: no process group to end)."""
+    import subprocess
+    import sys
+
+    mark = tmp_path / "flushed"
+    script = (
+        "import atexit, pathlib\nfrom zero_kit.hf import finish\n"
+        f"atexit.register(pathlib.Path({str(mark)!r}).write_text, 'yes')\n"
+        "print('last line', end='')\nfinish(3)\nprint('never')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert proc.stdout == "last line" and mark.read_text() == "yes"
