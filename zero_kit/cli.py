@@ -83,12 +83,16 @@ class Parser(argparse.ArgumentParser):
         return self.formatter_class(prog=self.prog, width=_terminal_columns() - 2)
 
     def format_help(self) -> str:
+        if self.field_help:  # the top-level help has none: it imports no dataclass machinery
+            self._read_field_help()
+        return super().format_help()
+
+    def _read_field_help(self) -> None:
         from zero_kit.options import field_docs
 
         for action, cls, name in self.field_help:
             action.help = field_docs(cls).get(name, "") + (action.help or "")
         self.field_help.clear()
-        return super().format_help()
 
     def error(self, message: str):
         self.print_usage(sys.stderr)
