@@ -3,8 +3,16 @@ bytes against DeepSpeed 0.19.8's own estimators, called directly."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+from zero_kit.config.builder import overlap_comm
+from zero_kit.dist import free_port
 from zero_kit.plan.accounting import (
     ROWS,
     coefficients,
@@ -13,7 +21,9 @@ from zero_kit.plan.accounting import (
     zero12_grad_partition_elements,
 )
 from zero_kit.plan.memory import Workload, buffer_terms
-from zero_kit.plan.shapes import KNOWN_SHAPES, closest_known_shape, hf_config, shape_from_hf_config
+from zero_kit.plan.shapes import KNOWN_SHAPES, LlamaShape, closest_known_shape, hf_config, shape_from_hf_config
+from zero_kit.plan.traffic import zero3_kept_params
+from zero_kit.strategies import strategy_info
 
 # Published totals of the Meta checkpoints.
 PUBLISHED = {
@@ -223,3 +233,52 @@ def test_every_strategy_has_a_row_and_bad_names_are_refused():
         model_state_bytes("zero4", 1000, 2, "bf16")
     with pytest.raises(ValueError, match="parameter offload"):
         model_state_bytes("zero2", 1000, 2, "bf16", offload_optimizer=True, offload_param=True)
+
+
+PROBE = Path(__file__).with_name("zero_buffers_probe.py")
+PROBE_SHAPE = LlamaShape(64, 2, 4, 4, 128, 256, tie_word_embeddings=False)  # the probe's model
+
+
+def test_reduce_buckets_and_kept_params_are_what_deepspeed_holds():
+    """Real DeepSpeed engines on one CPU rank (zero_buffers_probe.py), the generator's configs: ZeRO-1/2 hold one
+    reduce bucket without overlap_comm (CPU ranks) and two with it (GPUs); ZeRO-3 one, though it overlaps. ZeRO-3 keeps
+    every parameter gathered from forward to backward at the generator's reuse distance, none as zero3_release runs
+    (no reuse distance, live budget or prefetch: a prefetched parameter is not released either), and the last
+    min(Ψ, reuse / 2) in between (to within a block); the planner charges the same."""
+    runs = {
+        "zero1 cpu": (1, "cpu", {}),
+        "zero2 cpu": (2, "cpu", {}),
+        "zero2 cuda": (2, "cuda", {}),
+        "zero3 cpu": (3, "cpu", {}),
+        "zero3 release": (3, "cpu", dict(strategy_info("zero3_release").zero_overrides)),
+        "zero3 reuse psi": (3, "cpu", {"stage3_max_reuse_distance": PROBE_SHAPE.n_params}),
+    }
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", "")}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, str(PROBE), str(stage), device, str(free_port()), json.dumps(overrides)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )  # fmt: skip
+        for name, (stage, device, overrides) in runs.items()
+    }
+    held = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        held[name] = json.loads(out.strip().splitlines()[-1])
+    work = Workload(PROBE_SHAPE, PROBE_SHAPE.n_params, precision="fp32")
+    for name, (stage, device, overrides) in runs.items():
+        record = held[name]
+        terms = buffer_terms(f"zero{stage}", "none", work, 1, overlap=overlap_comm(stage, device),
+                             zero_overrides=overrides)  # fmt: skip
+        planned = sum(value for term, (value, _) in terms.items() if term.startswith("reduce bucket"))
+        assert planned == 4 * sum(record["buffers"]) > 0, (name, record, terms)
+        if stage == 3:
+            assert record["params"] == PROBE_SHAPE.n_params
+            kept = zero3_kept_params(overrides, record["params"])
+            block = PROBE_SHAPE.block_params
+            assert abs(record["kept"] - kept) <= block, (name, record, kept)
+    assert held["zero3 cpu"]["kept"] == PROBE_SHAPE.n_params and held["zero3 release"]["kept"] == 0

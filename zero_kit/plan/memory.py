@@ -10,10 +10,12 @@ them a safety margin of GPU memory (--margin) and HF's checkpoint shard size bel
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
-from zero_kit.config.builder import bucket_sizes
+from zero_kit.config.builder import bucket_sizes, overlap_comm
 from zero_kit.metrics import GIB
 from zero_kit.plan.accounting import (
     DTYPE_BYTES,
@@ -25,7 +27,7 @@ from zero_kit.plan.accounting import (
 )
 from zero_kit.plan.assumptions import Assumptions
 from zero_kit.plan.parallel import Layout
-from zero_kit.plan.traffic import TierBytes, step_tier_bytes
+from zero_kit.plan.traffic import TierBytes, step_tier_bytes, zero3_kept_params
 from zero_kit.plan.workload import Workload
 from zero_kit.strategies import STRATEGIES, StrategyInfo
 
@@ -50,6 +52,9 @@ class Hardware:
     inter_node_gbps: float | None = None
     margin: float = 0.10
     assume: Assumptions = Assumptions()
+    cpu_ranks: bool = False
+    """The ranks train on CPU cores (the memory guard's CPU peak): ZeRO-1/2 then run without overlap_comm, as the
+    generator writes their configs (zero_kit.config.builder.overlap_comm), and allocate one reduce bucket."""
 
     @property
     def world_size(self) -> int:
@@ -249,10 +254,20 @@ def _state_terms(states: StateBytes) -> tuple[Terms, Terms, str]:
 
 
 def buffer_terms(
-    strategy: str, offload: str, work: Workload, world_size: int, cuda_context: int | None = None
+    strategy: str,
+    offload: str,
+    work: Workload,
+    world_size: int,
+    cuda_context: int | None = None,
+    *,
+    overlap: bool = True,
+    zero_overrides: Mapping[str, Any] = MappingProxyType({}),
 ) -> Terms:
     """Working buffers besides states and activations: buckets, gathered layers, CUDA context (default: the
-    stated `Assumptions().cuda_context_bytes`)."""
+    stated `Assumptions().cuda_context_bytes`). Reduce buckets as DeepSpeed allocates them: ZeRO-1/2 two with
+    overlap_comm (`overlap`), else one; ZeRO-3 one (stage3.py's ipg buffer, whatever overlap_comm says). ZeRO-3's
+    gathered parameters: those it keeps from forward to backward (plan.traffic.zero3_kept_params of the strategy's
+    `zero_overrides`), at least one block."""
     s = work.shape
     a = DTYPE_BYTES[work.precision]
     buckets = bucket_sizes(s.hidden_size)
@@ -272,7 +287,10 @@ def buffer_terms(
         terms["root params unsharded"] = (root * a, f"Vh x {a}" if s.tie_word_embeddings else f"2Vh x {a}")
     elif strategy in ("zero0", "zero1", "zero2"):
         grad_bytes = 4 if strategy == "zero1" else a  # ZeRO-1 stages its bucket in fp32
-        terms["reduce buckets (x2, overlap_comm)"] = (2 * reduce_bucket * grad_bytes, f"2 x 25h² x {grad_bytes}")
+        if overlap:
+            terms["reduce buckets (x2, overlap_comm)"] = (2 * reduce_bucket * grad_bytes, f"2 x 25h² x {grad_bytes}")
+        else:
+            terms["reduce bucket"] = (reduce_bucket * grad_bytes, f"25h² x {grad_bytes}")
         if strategy != "zero0" and offload == "none" and not work.lora_r:
             # DeepSpeed keeps whole the gradients of parameters at its partition's edges (accounting.py)
             edge = max(zero12_edge_grad_bytes(s.param_numels(), world_size, work.precision))
@@ -283,11 +301,26 @@ def buffer_terms(
             terms["offload staging (2 x largest param)"] = (2 * s.largest_layer_params * a, f"2 x largest layer x {a}")
             terms["16-bit partition for updated params"] = (a * -(-trainable // world_size), f"{a}Ψ/N")
     elif strategy != "ddp":
+        terms |= _zero3_buffers(work, zero3_kept_params(dict(zero_overrides), work.n_params))
+    return terms
+
+
+def _zero3_buffers(work: Workload, kept: int) -> Terms:
+    """ZeRO-3's working buffers, `kept` parameters staying gathered from forward to backward."""
+    s, a = work.shape, DTYPE_BYTES[work.precision]
+    buckets = bucket_sizes(s.hidden_size)
+    terms: Terms = {}
+    if kept >= work.n_params:  # every parameter stays gathered, the largest layer among them: its gradient
+        terms["largest layer's grad"] = (s.largest_layer_params * a, f"largest layer x {a}")
+    else:
         terms["largest layer gathered + grad"] = (s.largest_layer_params * 2 * a, f"largest layer x {2 * a}")
+    if kept > s.block_params:
+        terms["params kept gathered, fwd to bwd"] = (kept * a, f"min(Ψ, reuse/2) x {a}")
+    else:
         terms["one block gathered"] = (s.block_params * a, f"block x {a}")
-        terms["prefetch bucket"] = (buckets["stage3_prefetch_bucket_size"] * a, f"0.9h² x {a}")
-        terms["reduce buckets (x2)"] = (2 * reduce_bucket * a, f"2 x 25h² x {a}")
-        terms["persistent small params"] = ((2 * s.layers + 1) * s.hidden_size * a, f"(2L+1)h x {a}")
+    terms["prefetch bucket"] = (buckets["stage3_prefetch_bucket_size"] * a, f"0.9h² x {a}")
+    terms["reduce bucket"] = (buckets["reduce_bucket_size"] * a, f"25h² x {a}")
+    terms["persistent small params"] = ((2 * s.layers + 1) * s.hidden_size * a, f"(2L+1)h x {a}")
     return terms
 
 
@@ -347,7 +380,16 @@ def evaluate(info: StrategyInfo, work: Workload, hardware: Hardware) -> Option:
         (offloaded if offload == "optimizer+param" else gpu_states)["DPO reference (frozen)"] = reference
     activations = activation_terms(work, strategy)
     assume = hardware.assume
-    buffers = buffer_terms(strategy, offload, work, hardware.world_size, assume.cuda_context_bytes)
+    overlap = overlap_comm(info.stage, "cpu" if hardware.cpu_ranks else "cuda")
+    buffers = buffer_terms(
+        strategy,
+        offload,
+        work,
+        hardware.world_size,
+        assume.cuda_context_bytes,
+        overlap=overlap,
+        zero_overrides=info.zero_overrides,
+    )
     if info.hierarchy == "reshard_node" and hardware.world_size > hardware.gpus_per_node:
         # every block keeps a node-sized shard from its forward to its backward (torch: the post-forward mesh;
         # one rank per node: reshard_after_forward=1 is False, the whole block stays gathered)

@@ -171,12 +171,22 @@ def _data_parallel(info: StrategyInfo, work: Workload, ranks_per_node: int) -> l
     raise ValueError(f"unknown strategy {info.accounting!r}")
 
 
+def zero3_kept_params(zero_overrides: dict, psi: int) -> int:
+    """Parameters ZeRO-3 keeps gathered from their forward to their backward: after each module DeepSpeed releases
+    only the parameters not used again within stage3_max_reuse_distance elements of fetches (its coordinator's
+    trace of the module order, from the second step on). A layer's backward comes about twice the parameters after it
+    later, so the last min(Ψ, reuse / 2) stay gathered: with the generator's 1e9, a whole model up to 0.5B, and 0.5B
+    parameters of a larger one. stage3_max_live_parameters bounds only the prefetch, not what stays. Measured on one
+    CPU rank (tests/unit/test_accounting.py): all of Ψ kept at 1e9, none at 0, 57% at a reuse distance of Ψ. The
+    backward gathers only the rest again (`_zero3`); the memory model charges these (plan.memory.buffer_terms)."""
+    reuse = int(zero_overrides.get("stage3_max_reuse_distance", ZERO3_LIVE_LIMIT))
+    return min(psi, reuse // 2)
+
+
 def _zero3(info: StrategyInfo, work: Workload, a: int, psi: int, trainable: int, per_node: int) -> list[Collective]:
     shape = work.shape
     modules = 7 * shape.layers + 2  # one fetch per linear (norms are persistent) + embeddings + head
-    live = int(info.zero_overrides.get("stage3_max_live_parameters", ZERO3_LIVE_LIMIT))
-    reuse = int(info.zero_overrides.get("stage3_max_reuse_distance", ZERO3_LIVE_LIMIT))
-    regathered = psi - min(psi, live, reuse // 2)
+    regathered = psi - zero3_kept_params(info.zero_overrides, psi)
     out = [Collective("all-gather params (fwd)", "allgather", a * psi, modules, True)]
     if regathered:
         group = "node" if info.hierarchy == "hpz" and per_node > 1 else "world"  # hpZ needs 2+ ranks per node

@@ -109,7 +109,9 @@ def rank_peak(view, on_gpu: bool) -> int:
     from zero_kit.plan.memory import Hardware, evaluate, state_terms
 
     info = _strategy_info(view.strategy, view.offload)
-    hardware = Hardware(gpu_mem=GIB, gpus_per_node=view.ranks_per_node, nodes=view.nodes, assume=view.assume)
+    hardware = Hardware(
+        gpu_mem=GIB, gpus_per_node=view.ranks_per_node, nodes=view.nodes, assume=view.assume, cpu_ranks=not on_gpu
+    )
     option = evaluate(info, view.workload, hardware)
     if on_gpu:
         return option.gpu_bytes()["total"]
