@@ -11,6 +11,8 @@ own loop (command line, numbered rows, parameter groups, the rows record) are in
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import deepspeed.ops
@@ -62,6 +64,9 @@ def main() -> None:
         tokenizer.save_pretrained(out)
         (out / "losses.json").write_text(json.dumps(losses))
     accelerator.end_training()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no interpreter teardown, which can abort a CPU rank after the save (docs/own_script.md, exit 250)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ ZeRO-3 with offload in one launch, as tests/dist/preset_steps.py runs presets.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import deepspeed
@@ -41,6 +43,9 @@ def main() -> None:
         train(args, json.loads(Path(config_file).read_text()), Path(output_dir))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()  # before the interpreter exits: gloo's threads end cleanly
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no interpreter teardown, which can abort a CPU rank after the save (docs/own_script.md, exit 250)
 
 
 def train(args, config: dict, out: Path) -> None:
