@@ -1,5 +1,6 @@
 """A user's own Hugging Face Trainer script, as a user writes one: no zero_kit import, every training option from the
-Trainer's own `HfArgumentParser(TrainingArguments)`, the DeepSpeed config from wherever the launcher says. Used by
+Trainer's own `HfArgumentParser(TrainingArguments)`, the DeepSpeed config from wherever the launcher says, and the end
+docs/own_script.md advises for CPU ranks (barrier, destroy, os._exit). Used by
 tests/dist/test_third_party_clients.py as the script a zero-kit accelerate YAML launches:
 
     accelerate launch --config_file ACCELERATE_YAML tests/dist/hf_trainer_script.py \
@@ -9,6 +10,8 @@ tests/dist/test_third_party_clients.py as the script a zero-kit accelerate YAML 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +24,7 @@ class ScriptArguments:
 
 
 def main() -> None:
+    import torch.distributed
     from datasets import load_dataset
     from transformers import (
         AutoModelForCausalLM,
@@ -53,7 +57,15 @@ def main() -> None:
             "deepspeed": trainer.is_deepspeed_enabled,
         }
         Path(args.output_dir, "ranks.json").write_text(json.dumps(seen))
+    # The end docs/own_script.md advises: the ranks meet (rank 0 has written its files), the process group ends, and
+    # each rank leaves without interpreter teardown, in which torch's gloo threads can abort a CPU rank after a
+    # finished run (exit 250; CI saw this script's rank 1 do so).
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
