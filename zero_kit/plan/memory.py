@@ -301,14 +301,13 @@ def buffer_terms(
             terms["offload staging (2 x largest param)"] = (2 * s.largest_layer_params * a, f"2 x largest layer x {a}")
             terms["16-bit partition for updated params"] = (a * -(-trainable // world_size), f"{a}Ψ/N")
     elif strategy != "ddp":
-        terms |= _zero3_buffers(work, zero3_kept_params(dict(zero_overrides), work.n_params))
+        terms |= _zero3_buffers(work, buckets, zero3_kept_params(zero_overrides, work.n_params))
     return terms
 
 
-def _zero3_buffers(work: Workload, kept: int) -> Terms:
+def _zero3_buffers(work: Workload, buckets: dict[str, int], kept: int) -> Terms:
     """ZeRO-3's working buffers, `kept` parameters staying gathered from forward to backward."""
     s, a = work.shape, DTYPE_BYTES[work.precision]
-    buckets = bucket_sizes(s.hidden_size)
     terms: Terms = {}
     if kept >= work.n_params:  # every parameter stays gathered, the largest layer among them: its gradient
         terms["largest layer's grad"] = (s.largest_layer_params * a, f"largest layer x {a}")

@@ -46,6 +46,7 @@ one link, B; the across rings of its L ranks, L x B_M.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from zero_kit.metrics import ring_bytes
@@ -171,7 +172,7 @@ def _data_parallel(info: StrategyInfo, work: Workload, ranks_per_node: int) -> l
     raise ValueError(f"unknown strategy {info.accounting!r}")
 
 
-def zero3_kept_params(zero_overrides: dict, psi: int) -> int:
+def zero3_kept_params(zero_overrides: Mapping[str, object], psi: int) -> int:
     """Parameters ZeRO-3 keeps gathered from their forward to their backward: after each module DeepSpeed releases
     only the parameters not used again within stage3_max_reuse_distance elements of fetches (its coordinator's
     trace of the module order, from the second step on). A layer's backward comes about twice the parameters after it
